@@ -1,0 +1,36 @@
+# failslow: `make demo` shows it working, `make test` runs every test. Both set themselves up.
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: demo serve test lint bench clean venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "failslow needs Python >= 3.11"'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+demo: $(STAMP)
+	$(VENV)/bin/failslow demo
+
+serve: $(STAMP)
+	$(VENV)/bin/failslow serve
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check service agents detectors tests bench
+
+bench: $(STAMP)
+	$(PY) bench/ingest_throughput.py
+	$(PY) bench/agent_cost.py
+
+clean:
+	rm -rf $(VENV) var .pytest_cache

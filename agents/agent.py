@@ -1,0 +1,347 @@
+"""The node agent: receives records from local training processes and ships them to the service.
+
+Input: a Unix datagram socket (default) or a spool directory of files written by the SDK.
+Output: v1 envelopes, one per ``flush_interval_s`` (or sooner when a batch is full), gzip, each
+with this agent's stream id and an increasing ``batch_seq``. Sealed envelopes are written to a
+durable outbox before delivery and deleted only after the service answered 200, so a service
+outage or restart loses nothing, and a re-send after a lost answer is recognised by the service
+as a duplicate. Input files from the SDK spool are deleted only once their records are sealed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from agents import wire
+from agents.spool import AgentState, Outbox
+from agents.transport import Backoff, Sender
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class AgentStats:
+    records_in: int = 0
+    records_sealed: int = 0
+    records_accepted: int = 0
+    records_duplicate: int = 0
+    records_rejected: int = 0
+    envelopes_sent: int = 0
+    heartbeats: int = 0
+    retries: int = 0
+    refused_envelopes: int = 0
+    bad_messages: int = 0
+    foreign_job_messages: int = 0
+    outbox_envelopes: int = 0
+    outbox_bytes: int = 0
+    dropped_records: int = 0
+    last_error: str | None = None
+
+
+class NodeAgent:
+    def __init__(
+        self,
+        *,
+        service: str,
+        job: str,
+        host: str | None = None,
+        socket_path: str | None = None,
+        input_dir: str | None = None,
+        state_dir: str,
+        token: str | None = None,
+        flush_interval_s: float = 1.0,
+        heartbeat_s: float = 5.0,
+        max_batch_records: int = 20_000,
+        max_outbox_bytes: int = 1 << 30,
+        fsync: bool = True,
+        backoff_cap_s: float = 10.0,
+    ) -> None:
+        self.job = job
+        self.host = host or socket.gethostname()
+        self.socket_path = socket_path
+        self.input_dir = Path(input_dir) if input_dir else None
+        self.state_dir = Path(state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.flush_interval_s = flush_interval_s
+        self.heartbeat_s = heartbeat_s
+        self.max_batch_records = max_batch_records
+        self.outbox = Outbox(self.state_dir / "outbox", max_bytes=max_outbox_bytes, fsync=fsync)
+        self.state = AgentState(self.state_dir / "agent.json")
+        if self.state.data.get("job") not in (None, job):
+            raise ValueError(f"state dir {state_dir} belongs to job {self.state.data['job']}")
+        self.agent_id = str(self.state.data.get("agent") or f"{self.host}-{uuid.uuid4().hex[:8]}")
+        self.next_seq = max(int(self.state.data.get("next_seq", 0)), self.outbox.max_seq() + 1)  # type: ignore[call-overload]
+        self.ranks: dict[int, dict[str, Any]] = {
+            int(k): v for k, v in dict(self.state.data.get("ranks", {})).items()  # type: ignore[call-overload]
+        }
+        self.comms: dict[str, dict[str, Any]] = dict(self.state.data.get("comms", {}))  # type: ignore[call-overload]
+        self._topology_dirty = True
+        self.sender = Sender(service, token=token)
+        self.backoff = Backoff(cap_s=backoff_cap_s)
+        self.stats = AgentStats()
+        self._lock = threading.Lock()
+        self._collectives: list[dict[str, Any]] = []
+        self._steps: list[dict[str, Any]] = []
+        self._consumed_files: list[Path] = []
+        self._stop = threading.Event()
+        self._wake_sender = threading.Event()
+        self._last_seal = time.monotonic()
+        self._last_post = time.monotonic()
+        self._threads: list[threading.Thread] = []
+        self._sock: socket.socket | None = None
+        self._save_state()
+
+    # -- input ---------------------------------------------------------------------------------
+    def add_payload(self, payload: bytes, source: Path | None = None) -> None:
+        try:
+            head, items = wire.decode_payload(payload)
+        except (ValueError, orjson.JSONDecodeError):
+            self.stats.bad_messages += 1
+            if source is not None:
+                source.unlink(missing_ok=True)
+            return
+        if head.get("job") != self.job:
+            self.stats.foreign_job_messages += len(items)
+            if source is not None:
+                source.unlink(missing_ok=True)
+            return
+        self.add_items(items, source)
+
+    def add_items(self, items: list[list[Any]], source: Path | None = None) -> None:
+        with self._lock:
+            for m in items:
+                try:
+                    tag = m[0]
+                    if tag == "c":
+                        self._collectives.append(wire.collective_dict(m))
+                        self.stats.records_in += 1
+                    elif tag == "s":
+                        self._steps.append(wire.step_dict(m))
+                        self.stats.records_in += 1
+                    elif tag == "r":
+                        ann = {"rank": m[1], "gpu": m[2], "world_size": m[3]}
+                        if self.ranks.get(int(m[1])) != ann:
+                            self.ranks[int(m[1])] = ann
+                            self._topology_dirty = True
+                    elif tag == "m":
+                        ann = {"comm": m[1], "kind": m[2], "ranks": m[3]}
+                        if self.comms.get(m[1]) != ann:
+                            self.comms[m[1]] = ann
+                            self._topology_dirty = True
+                    else:
+                        self.stats.bad_messages += 1
+                except (IndexError, TypeError, ValueError):
+                    self.stats.bad_messages += 1
+            if source is not None:
+                self._consumed_files.append(source)
+            full = len(self._collectives) + len(self._steps) >= self.max_batch_records
+        if full:
+            self.seal()
+
+    # -- sealing -------------------------------------------------------------------------------
+    def seal(self) -> int | None:
+        """Turn the current batch into a durable envelope; returns its batch_seq (None if empty)."""
+        with self._lock:
+            self._last_seal = time.monotonic()
+            consumed, self._consumed_files = self._consumed_files, []
+            if not self._collectives and not self._steps:
+                for f in consumed:
+                    f.unlink(missing_ok=True)
+                return None
+            seq = self.next_seq
+            self.next_seq += 1
+            records = len(self._collectives) + len(self._steps)
+            envelope = {
+                "job": self.job,
+                "host": self.host,
+                "sent_ns": time.time_ns(),
+                "agent": self.agent_id,
+                "batch_seq": seq,
+                "ranks": list(self.ranks.values()),
+                "comms": list(self.comms.values()),
+                "collectives": self._collectives,
+                "steps": self._steps,
+            }
+            self._collectives, self._steps = [], []
+            payload = wire.encode_envelope(envelope)
+            self.outbox.put(seq, payload, records)
+            self.stats.records_sealed += records
+            self._save_state()
+        for f in consumed:  # sealed durably: the SDK's files can go
+            f.unlink(missing_ok=True)
+        self._wake_sender.set()
+        return seq
+
+    def _save_state(self) -> None:
+        self.state.data.update({"job": self.job, "agent": self.agent_id, "next_seq": self.next_seq})
+        if self._topology_dirty:
+            self.state.data["ranks"] = {str(k): v for k, v in self.ranks.items()}
+            self.state.data["comms"] = self.comms
+            self._topology_dirty = False
+        self.state.save()
+
+    # -- delivery ------------------------------------------------------------------------------
+    def deliver_once(self) -> str:
+        """Try to deliver the oldest envelope: 'ok', 'retry', 'refused' or 'empty'."""
+        item = self.outbox.oldest()
+        if item is None:
+            return "empty"
+        seq, payload, records = item
+        result = self.sender.post(payload)
+        self._last_post = time.monotonic()
+        if result.outcome == "ok":
+            body = result.body or {}
+            self.stats.records_accepted += int(body.get("accepted", 0))
+            self.stats.records_duplicate += int(body.get("duplicates", 0))
+            rejected = body.get("rejected") or []
+            self.stats.records_rejected += len(rejected)
+            if rejected:
+                log.warning("service rejected %d records of envelope %d, e.g. %s", len(rejected), seq, rejected[:3])
+            self.stats.envelopes_sent += 1
+            self.outbox.ack(seq)
+            self.backoff.reset()
+            return "ok"
+        if result.outcome == "retry":
+            self.stats.retries += 1
+            self.stats.last_error = result.error or f"HTTP {result.status}"
+            wait = result.wait_s if result.wait_s is not None else self.backoff.next()
+            log.info("delivery of envelope %d failed (%s); retrying in %.2fs", seq, self.stats.last_error, wait)
+            self._stop.wait(wait)
+            return "retry"
+        self.stats.refused_envelopes += 1
+        self.stats.dropped_records += records
+        self.stats.last_error = f"HTTP {result.status}: {result.error}"
+        log.error("service refused envelope %d (%s); moved to %s", seq, self.stats.last_error, self.outbox.dead)
+        self.outbox.bury(seq, self.stats.last_error)
+        return "refused"
+
+    def heartbeat(self) -> None:
+        with self._lock:
+            env = {
+                "job": self.job,
+                "host": self.host,
+                "sent_ns": time.time_ns(),
+                "ranks": list(self.ranks.values()),
+                "comms": list(self.comms.values()),
+            }
+        result = self.sender.post(wire.encode_envelope(env))
+        self._last_post = time.monotonic()
+        if result.outcome == "ok":
+            self.stats.heartbeats += 1
+
+    # -- threads -------------------------------------------------------------------------------
+    def _sender_loop(self) -> None:
+        while not self._stop.is_set():
+            outcome = self.deliver_once()
+            if outcome == "empty":
+                if time.monotonic() - self._last_post >= self.heartbeat_s:
+                    self.heartbeat()
+                self._wake_sender.wait(0.2)
+                self._wake_sender.clear()
+
+    def _sealer_loop(self) -> None:
+        while not self._stop.wait(0.05):
+            if time.monotonic() - self._last_seal >= self.flush_interval_s:
+                try:
+                    self.seal()
+                except OSError as exc:
+                    self.stats.last_error = f"seal failed: {exc}"
+                    log.exception("sealing a batch failed")
+            self._refresh_stats()
+
+    def _socket_loop(self) -> None:
+        assert self.socket_path is not None
+        path = Path(self.socket_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 * 1024 * 1024)
+        sock.bind(str(path))
+        os.chmod(path, 0o660)
+        sock.settimeout(0.2)
+        self._sock = sock
+        while not self._stop.is_set():
+            try:
+                payload = sock.recv(1 << 18)
+            except TimeoutError:
+                continue
+            except OSError:
+                if self._stop.is_set():
+                    break
+                raise
+            self.add_payload(payload)
+
+    def _spool_loop(self) -> None:
+        assert self.input_dir is not None
+        self.input_dir.mkdir(parents=True, exist_ok=True)
+        seen: set[Path] = set()
+        while not self._stop.wait(0.1):
+            files = sorted(p for p in self.input_dir.glob("*.jsonl") if p not in seen)
+            for p in files:
+                try:
+                    payload = p.read_bytes()
+                except OSError:
+                    continue
+                seen.add(p)
+                self.add_payload(payload, source=p)
+            seen = {p for p in seen if p.exists()}
+
+    def _refresh_stats(self) -> None:
+        self.stats.outbox_envelopes = len(self.outbox)
+        self.stats.outbox_bytes = self.outbox.bytes
+        self.stats.dropped_records = max(self.stats.dropped_records, self.outbox.dropped_records)
+
+    def write_stats(self) -> None:
+        self._refresh_stats()
+        tmp = self.state_dir / "stats.json.tmp"
+        tmp.write_bytes(orjson.dumps(asdict(self.stats)))
+        os.replace(tmp, self.state_dir / "stats.json")
+
+    def start(self) -> None:
+        targets = [self._sender_loop, self._sealer_loop]
+        if self.socket_path:
+            targets.append(self._socket_loop)
+        if self.input_dir:
+            targets.append(self._spool_loop)
+        for target in targets:
+            t = threading.Thread(target=target, name=f"agent-{target.__name__}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self, *, drain_timeout_s: float = 5.0) -> None:
+        """Seal what is buffered and try to deliver it for up to ``drain_timeout_s``."""
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=2.0)
+        self.seal()
+        deadline = time.monotonic() + drain_timeout_s
+        self._stop.clear()
+        while time.monotonic() < deadline and len(self.outbox):
+            if self.deliver_once() != "ok":
+                break
+        self._stop.set()
+        self.write_stats()
+        self.sender.close()
+        if self._sock is not None:
+            self._sock.close()
+        if self.socket_path:
+            Path(self.socket_path).unlink(missing_ok=True)
+
+    def run_forever(self, *, stats_every_s: float = 2.0) -> None:
+        self.start()
+        try:
+            while True:
+                time.sleep(stats_every_s)
+                self.write_stats()
+        finally:
+            self.stop()

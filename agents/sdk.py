@@ -1,0 +1,262 @@
+"""In-process SDK: a training script records collectives and steps; a node agent ships them.
+
+Every public method returns quickly and never raises into the training loop: records go into a
+bounded in-memory queue; a daemon thread encodes them and hands them to the local agent over a
+Unix datagram socket (non-blocking) or as files in a spool directory. When the agent is away,
+encoded batches are kept (bounded) and retried; what does not fit is dropped and counted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from agents import wire
+
+log = logging.getLogger(__name__)
+
+ANNOUNCE_EVERY_S = 30.0
+
+
+def default_socket(job: str) -> str:
+    base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
+    return os.path.join(base, f"failslow-{job}.sock")
+
+
+@dataclass(slots=True)
+class SdkStats:
+    recorded: int = 0
+    sent: int = 0
+    dropped: int = 0
+    errors: int = 0
+    pending_bytes: int = 0
+
+
+class Recorder:
+    """Records telemetry for one job from one process. Thread-safe; never blocks or raises."""
+
+    def __init__(
+        self,
+        job: str,
+        *,
+        socket_path: str | None = None,
+        spool_dir: str | None = None,
+        flush_interval_s: float = 0.05,
+        max_queue: int = 200_000,
+        max_pending_bytes: int = 64 * 1024 * 1024,
+        start: bool = True,
+    ) -> None:
+        self.job = job
+        self.spool_dir = Path(spool_dir) if spool_dir else None
+        self.socket_path = socket_path or (None if spool_dir else default_socket(job))
+        self.flush_interval_s = flush_interval_s
+        self.max_queue = max_queue
+        self.max_pending_bytes = max_pending_bytes
+        self.stats = SdkStats()
+        self._queue: deque[list[Any]] = deque()
+        self._announce: list[list[Any]] = []
+        self._pending: deque[bytes] = deque()  # encoded payloads awaiting delivery
+        self._counts: deque[int] = deque()  # records in each pending payload
+        self._wake = threading.Event()
+        self._closed = threading.Event()
+        self._sock: socket.socket | None = None
+        self._file_seq = 0
+        self._pid = os.getpid()
+        self._thread: threading.Thread | None = None
+        if self.spool_dir:
+            self.spool_dir.mkdir(parents=True, exist_ok=True)
+        if start:
+            self.start()
+
+    # -- public API (hot path) ---------------------------------------------------------------
+    def register_rank(self, rank: int, *, gpu: int | None = None, world_size: int | None = None) -> None:
+        try:
+            item = ["r", int(rank), gpu, world_size]
+            self._announce.append(item)
+            self._push(item, record=False)
+        except Exception:  # noqa: BLE001 - never raise into training
+            self.stats.errors += 1
+
+    def register_comm(self, comm: str, kind: str, ranks: list[int]) -> None:
+        try:
+            item = ["m", str(comm), str(kind), [int(r) for r in ranks]]
+            self._announce.append(item)
+            self._push(item, record=False)
+        except Exception:  # noqa: BLE001
+            self.stats.errors += 1
+
+    def record_collective(
+        self,
+        *,
+        rank: int,
+        comm: str,
+        seq: int,
+        op: str,
+        nbytes: int,
+        start_ns: int,
+        end_ns: int | None,
+        peer: int | None = None,
+    ) -> None:
+        self._push(["c", rank, comm, seq, op, nbytes, start_ns, end_ns, peer])
+
+    def record_step(self, *, rank: int, step: int, start_ns: int, end_ns: int) -> None:
+        self._push(["s", rank, step, start_ns, end_ns])
+
+    @contextlib.contextmanager
+    def step(self, *, rank: int, step: int) -> Iterator[None]:
+        """Time a training step: ``with recorder.step(rank=r, step=i): ...``."""
+        start = time.time_ns()
+        try:
+            yield
+        finally:
+            self.record_step(rank=rank, step=step, start_ns=start, end_ns=time.time_ns())
+
+    @contextlib.contextmanager
+    def collective(
+        self, *, rank: int, comm: str, seq: int, op: str, nbytes: int, peer: int | None = None
+    ) -> Iterator[None]:
+        """Time a blocking collective call on the wall clock (CPU / gloo)."""
+        start = time.time_ns()
+        try:
+            yield
+        finally:
+            self.record_collective(
+                rank=rank, comm=comm, seq=seq, op=op, nbytes=nbytes, start_ns=start,
+                end_ns=time.time_ns(), peer=peer,
+            )
+
+    def _push(self, item: list[Any], *, record: bool = True) -> None:
+        if len(self._queue) >= self.max_queue:
+            self.stats.dropped += record
+            return
+        self._queue.append(item)
+        self.stats.recorded += record
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="failslow-sdk", daemon=True)
+            self._thread.start()
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait until everything recorded so far was handed to the agent (True) or timeout."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self._queue and not self._pending:
+                return True
+            self._wake.set()
+            time.sleep(0.01)
+        return not self._queue and not self._pending
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        self.flush(timeout_s)
+        self._closed.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout_s)
+        if self._sock is not None:
+            self._sock.close()
+
+    # -- background ----------------------------------------------------------------------------
+    def _run(self) -> None:
+        last_announce = time.monotonic()
+        while not self._closed.is_set():
+            self._wake.wait(self.flush_interval_s)
+            self._wake.clear()
+            if time.monotonic() - last_announce > ANNOUNCE_EVERY_S:
+                # An agent that restarted with a fresh state learns the topology again.
+                last_announce = time.monotonic()
+                for item in list(self._announce):
+                    self._push(item, record=False)
+            try:
+                self._drain()
+                self._deliver()
+            except Exception:  # noqa: BLE001 - keep the thread alive whatever happens
+                self.stats.errors += 1
+                log.debug("failslow sdk flush failed", exc_info=True)
+
+    def _drain(self) -> None:
+        if not self._queue:
+            return
+        head = wire.header(self.job, self._pid)
+        budget = wire.MAX_DATAGRAM - len(head) - 1
+        lines: list[bytes] = []
+        size = 0
+        while self._queue:
+            line = orjson.dumps(self._queue.popleft())
+            if lines and size + len(line) + 1 > budget:
+                self._enqueue(head + b"\n" + b"\n".join(lines), len(lines))
+                lines, size = [], 0
+            lines.append(line)
+            size += len(line) + 1
+        if lines:
+            self._enqueue(head + b"\n" + b"\n".join(lines), len(lines))
+
+    def _enqueue(self, payload: bytes, count: int) -> None:
+        self._pending.append(payload)
+        self.stats.pending_bytes += len(payload)
+        self._counts.append(count)
+        while self.stats.pending_bytes > self.max_pending_bytes and self._pending:
+            dropped = self._pending.popleft()
+            self.stats.pending_bytes -= len(dropped)
+            self.stats.dropped += self._counts.popleft()
+
+    def _deliver(self) -> None:
+        while self._pending:
+            payload = self._pending[0]
+            if not self._send(payload):
+                return
+            self._pending.popleft()
+            self.stats.pending_bytes -= len(payload)
+            self.stats.sent += self._counts.popleft()
+
+    def _send(self, payload: bytes) -> bool:
+        if self.spool_dir is not None:
+            self._file_seq += 1
+            name = f"sdk-{self._pid}-{time.time_ns()}-{self._file_seq:09d}.jsonl"
+            tmp = self.spool_dir / (name + ".tmp")
+            tmp.write_bytes(payload)
+            tmp.rename(self.spool_dir / name)
+            return True
+        assert self.socket_path is not None
+        if self._sock is None:
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            self._sock.setblocking(False)
+        try:
+            self._sock.sendto(payload, self.socket_path)
+            return True
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.ENOBUFS, errno.ECONNREFUSED, errno.ENOENT):
+                return False  # agent busy or absent: keep it for later
+            raise
+
+
+_default: Recorder | None = None
+
+
+def configure(job: str | None = None, **kwargs: Any) -> Recorder:
+    """Set up the process-wide recorder (job from ``FAILSLOW_JOB`` when not given)."""
+    global _default
+    job = job or os.environ.get("FAILSLOW_JOB", "default")
+    kwargs.setdefault("socket_path", os.environ.get("FAILSLOW_SOCKET"))
+    kwargs.setdefault("spool_dir", os.environ.get("FAILSLOW_SPOOL_DIR"))
+    if _default is not None:
+        _default.close(timeout_s=1.0)
+    _default = Recorder(job, **kwargs)
+    return _default
+
+
+def recorder() -> Recorder:
+    return _default or configure()

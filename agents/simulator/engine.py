@@ -1,0 +1,337 @@
+"""The discrete-event engine: ranks run their per-step programs; collectives rendezvous.
+
+Each rank executes compute segments, tensor-parallel collectives, pipeline send/recv (GPipe
+order) and data-parallel collectives. A collective (or a send/recv pair) completes when its last
+member arrives, plus a transfer time from the message size and the slowest link its ring crosses;
+members then leave with a little exit jitter. Records carry each host's own clock (offset).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from agents.simulator.faults import Fault
+from agents.simulator.layout import Layout
+
+ALG_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
+              "reducescatter": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0,
+              "reduce": lambda n: 1.0, "alltoall": lambda n: (n - 1) / n, "barrier": lambda n: 0.0}
+
+
+@dataclass(frozen=True)
+class Workload:
+    microbatches: int = 4
+    tp_per_chunk: int = 2  # TP collectives per forward (and per backward) chunk of a microbatch
+    fwd_s: float = 0.012  # one forward compute segment
+    bwd_s: float = 0.024  # one backward compute segment
+    optimizer_s: float = 0.02
+    tp_bytes: int = 16 << 20
+    pp_bytes: int = 8 << 20
+    dp_bytes: int = 256 << 20
+    dp_buckets: int = 1
+
+
+@dataclass(frozen=True)
+class Network:
+    nvlink_bytes_s: float = 200e9
+    nic_bytes_s: float = 25e9
+    latency_s: float = 20e-6
+
+
+@dataclass(frozen=True)
+class Noise:
+    jitter: float = 0.02  # lognormal sigma of each compute segment
+    static_spread: float = 0.01  # per-rank fixed speed spread (sigma)
+    net_jitter: float = 0.05  # lognormal sigma of transfer times
+    exit_jitter_s: float = 20e-6  # spread of members' exit from one collective
+    spike_prob: float = 0.01  # per step: one random rank gets one very slow segment
+    spike_factor: tuple[float, float] = (2.0, 5.0)
+    checkpoint_every: int = 0  # steps between job-wide stalls (0 = none)
+    checkpoint_s: float = 1.0
+    clock_offset_s: float = 0.002  # per-host clock offsets drawn from U(-x, x)
+
+    @staticmethod
+    def none() -> Noise:
+        return Noise(0.0, 0.0, 0.0, 0.0, 0.0, (1.0, 1.0), 0, 0.0, 0.0)
+
+
+@dataclass(slots=True)
+class _Rank:
+    rank: int
+    host: int
+    step: int = -1
+    ops: list[tuple[Any, ...]] = field(default_factory=list)
+    pc: int = 0
+    step_start: float = 0.0
+    seq: dict[str, int] = field(default_factory=dict)
+    blocked: tuple[Any, ...] | None = None  # (comm, seq, op, nbytes, arrival, peer)
+    inflight_reported: bool = False
+    dead: bool = False
+    spike: tuple[int, int] | None = None  # (step, op index) of a noise spike
+
+
+class Simulation:
+    """Run with :meth:`run_until` and collect records with :meth:`drain`."""
+
+    def __init__(
+        self,
+        layout: Layout,
+        *,
+        steps: int,
+        workload: Workload | None = None,
+        network: Network | None = None,
+        noise: Noise | None = None,
+        faults: tuple[Fault, ...] = (),
+        seed: int = 0,
+        t0_ns: int = 1_780_000_000_000_000_000,
+        inflight_after_s: float = 1.0,
+    ) -> None:
+        self.layout = layout
+        self.steps = steps
+        self.work = workload or Workload()
+        self.net = network or Network()
+        self.noise = noise if noise is not None else Noise()
+        self.faults = faults
+        self.rng = np.random.default_rng(seed)
+        self.t0_ns = t0_ns
+        self.inflight_after_s = inflight_after_s
+        n = layout.world
+        self.static = np.clip(1 + self.rng.normal(0, self.noise.static_spread, n), 0.9, 1.1)
+        off = self.noise.clock_offset_s
+        self.offset_ns = (self.rng.uniform(-off, off, layout.n_hosts) * 1e9).astype(np.int64)
+        self.ranks = [_Rank(r, layout.host_index(r)) for r in range(n)]
+        self.arrivals: dict[tuple[str, int], dict[int, tuple[float, tuple[Any, ...]]]] = {}
+        self.heap: list[tuple[float, int, int]] = []
+        self.out: list[tuple[float, int, int, tuple[Any, ...]]] = []  # (emit_t, tie, host, record)
+        self._tie = 0
+        self.now = 0.0
+        self.finished = 0
+        self.host_dead_at: dict[int, float] = {}
+        self.fault_onset: dict[int, float] = {}  # fault index -> sim time its first step began
+        self.fault_end: dict[int, float] = {}
+        for r in self.ranks:
+            self._push(0.0, r.rank)
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _push(self, t: float, rank: int) -> None:
+        self._tie += 1
+        heapq.heappush(self.heap, (t, self._tie, rank))
+
+    def _emit(self, t: float, host: int, record: tuple[Any, ...]) -> None:
+        self._tie += 1
+        heapq.heappush(self.out, (t, self._tie, host, record))
+
+    def ns(self, t: float, host: int) -> int:
+        return self.t0_ns + int(round(t * 1e9)) + int(self.offset_ns[host])
+
+    def _compute_factor(self, rank: int, host: str, step: int) -> float:
+        f = 1.0
+        for fault in self.faults:
+            if not fault.active(step):
+                continue
+            if fault.kind == "slow_gpu" and rank in fault.ranks:
+                f *= fault.factor
+            elif fault.kind == "slow_node" and host in fault.hosts:
+                f *= fault.factor
+            elif fault.kind == "job_slowdown":
+                f *= fault.factor
+        return f
+
+    def _stuck(self, rank: int, host: str, step: int) -> bool:
+        for fault in self.faults:
+            if fault.kind == "hang" and rank in fault.ranks and fault.active(step):
+                return True
+            if fault.kind == "dead_host" and host in fault.hosts and fault.active(step):
+                return True
+        return False
+
+    def _link_bw(self, a: int, b: int, step: int) -> float:
+        if a == b:
+            return self.net.nvlink_bytes_s
+        hosts = self.layout.hosts
+        bw_a = bw_b = self.net.nic_bytes_s
+        pair = 1.0
+        for fault in self.faults:
+            if not fault.active(step):
+                continue
+            if fault.kind == "slow_nic":
+                if hosts[a] in fault.hosts:
+                    bw_a /= fault.factor
+                if hosts[b] in fault.hosts:
+                    bw_b /= fault.factor
+            elif fault.kind == "slow_link" and {hosts[a], hosts[b]} == set(fault.hosts):
+                pair *= fault.factor
+        return min(bw_a, bw_b) / pair
+
+    def _transfer(self, members: tuple[int, ...], op: str, nbytes: int, step: int) -> float:
+        n = len(members)
+        if n < 2:
+            return self.net.latency_s
+        hosts = [self.ranks[m].host for m in members]
+        if op in ("send", "recv"):
+            bw = self._link_bw(hosts[0], hosts[1], step)
+            factor = 1.0
+        else:
+            bw = min(self._link_bw(hosts[i], hosts[(i + 1) % n], step) for i in range(n))
+            factor = ALG_FACTOR[op](n)
+        t = self.net.latency_s * (n - 1 if op not in ("send", "recv") else 1) + factor * nbytes / bw
+        if self.noise.net_jitter:
+            t *= math.exp(self.rng.normal(0, self.noise.net_jitter))
+        return t
+
+    # -- programs ------------------------------------------------------------------------------
+    def _program(self, rank: int) -> list[tuple[Any, ...]]:
+        lay, w = self.layout, self.work
+        t, d, stage = lay.coords(rank)
+        tp_comm = lay.tp_comm(rank)
+        ops: list[tuple[Any, ...]] = []
+
+        def chunk(seconds: float) -> None:
+            for _ in range(w.tp_per_chunk):
+                ops.append(("compute", seconds))
+                if tp_comm:
+                    ops.append(("coll", tp_comm, "allreduce", w.tp_bytes))
+
+        for _ in range(w.microbatches):
+            if stage > 0:
+                ops.append(("p2p", lay.pp_comm(rank, stage - 1), "recv", w.pp_bytes, lay.rank(t, d, stage - 1)))
+            chunk(w.fwd_s)
+            if stage < lay.pp - 1:
+                ops.append(("p2p", lay.pp_comm(rank, stage), "send", w.pp_bytes, lay.rank(t, d, stage + 1)))
+        for _ in range(w.microbatches):
+            if stage < lay.pp - 1:
+                ops.append(("p2p", lay.pp_comm(rank, stage), "recv", w.pp_bytes, lay.rank(t, d, stage + 1)))
+            chunk(w.bwd_s)
+            if stage > 0:
+                ops.append(("p2p", lay.pp_comm(rank, stage - 1), "send", w.pp_bytes, lay.rank(t, d, stage - 1)))
+        dp_comm = lay.dp_comm(rank)
+        if dp_comm:
+            for _ in range(w.dp_buckets):
+                ops.append(("coll", dp_comm, "allreduce", w.dp_bytes // w.dp_buckets))
+        ops.append(("compute", w.optimizer_s))
+        return ops
+
+    def _next_step(self, r: _Rank, t: float) -> bool:
+        """Start the rank's next step at time t; False when the run is over for it."""
+        if r.step >= 0:
+            self._emit(t, r.host, ("s", r.rank, r.step, self.ns(r.step_start, r.host), self.ns(t, r.host)))
+        r.step += 1
+        if r.step >= self.steps:
+            self.finished += 1
+            return False
+        for i, fault in enumerate(self.faults):
+            if fault.active(r.step) and i not in self.fault_onset:
+                self.fault_onset[i] = t
+            if fault.end_step is not None and r.step == fault.end_step and i not in self.fault_end:
+                self.fault_end[i] = t
+        r.ops = self._program(r.rank)
+        r.pc = 0
+        r.step_start = t
+        ck = self.noise.checkpoint_every
+        if ck and r.step > 0 and r.step % ck == 0:
+            r.ops.append(("compute_fixed", self.noise.checkpoint_s))
+        if r.rank == 0 and self.noise.spike_prob and self.rng.random() < self.noise.spike_prob:
+            victim = self.ranks[int(self.rng.integers(0, len(self.ranks)))]
+            victim.spike = (victim.step + 1, 0)
+        return True
+
+    # -- execution -----------------------------------------------------------------------------
+    def run_until(self, t_end: float) -> None:
+        while self.heap and self.heap[0][0] <= t_end:
+            t, _, rank = heapq.heappop(self.heap)
+            self._advance(self.ranks[rank], t)
+        self.now = max(self.now, t_end)
+
+    def _advance(self, r: _Rank, t: float) -> None:
+        lay = self.layout
+        host = lay.hosts[r.host]
+        while True:
+            if r.step < 0 or r.pc >= len(r.ops):
+                if not self._next_step(r, t):
+                    return
+            if self._stuck(r.rank, host, r.step):
+                r.dead = True
+                for fault in self.faults:
+                    if fault.kind == "dead_host" and host in fault.hosts:
+                        self.host_dead_at.setdefault(r.host, t)
+                return
+            op = r.ops[r.pc]
+            r.pc += 1
+            if op[0] == "compute":
+                seconds = op[1] * self.static[r.rank] * self._compute_factor(r.rank, host, r.step)
+                if self.noise.jitter:
+                    seconds *= math.exp(self.rng.normal(0, self.noise.jitter))
+                if r.spike is not None and r.spike[0] == r.step:
+                    seconds *= float(self.rng.uniform(*self.noise.spike_factor))
+                    r.spike = None
+                self._push(t + seconds, r.rank)
+                return
+            if op[0] == "compute_fixed":
+                self._push(t + op[1], r.rank)
+                return
+            self._arrive(r, t, op)
+            return
+
+    def _arrive(self, r: _Rank, t: float, op: tuple[Any, ...]) -> None:
+        comm = op[1]
+        seq = r.seq.get(comm, 0)
+        r.seq[comm] = seq + 1
+        peer = op[4] if op[0] == "p2p" else None
+        r.blocked = (comm, seq, op[2], op[3], t, peer)
+        r.inflight_reported = False
+        key = (comm, seq)
+        members = self.layout.comm(comm).ranks
+        got = self.arrivals.setdefault(key, {})
+        got[r.rank] = (t, op)
+        if len(got) < len(members):
+            return
+        del self.arrivals[key]
+        last = max(a for a, _ in got.values())
+        step = max(self.ranks[m].step for m in members)
+        coll_op = "send" if op[0] == "p2p" else op[2]
+        end = last + self._transfer(members, coll_op, op[3], step)
+        for m in members:
+            arrival, mop = got[m]
+            mr = self.ranks[m]
+            exit_t = end + (abs(self.rng.normal(0, self.noise.exit_jitter_s)) if self.noise.exit_jitter_s else 0.0)
+            mpeer = mop[4] if mop[0] == "p2p" else None
+            rec = ("c", m, comm, seq, mop[2], mop[3], self.ns(arrival, mr.host), self.ns(exit_t, mr.host), mpeer)
+            self._emit(exit_t, mr.host, rec)
+            mr.blocked = None
+            self._push(exit_t, m)
+
+    # -- output --------------------------------------------------------------------------------
+    def drain(self, t: float) -> list[tuple[int, tuple[Any, ...]]]:
+        """Records whose event happened by sim time ``t``, plus in-flight reports, by host."""
+        items: list[tuple[int, tuple[Any, ...]]] = []
+        while self.out and self.out[0][0] <= t:
+            emit_t, _, host, rec = heapq.heappop(self.out)
+            dead = self.host_dead_at.get(host)
+            if dead is not None and emit_t > dead:
+                continue
+            items.append((host, rec))
+        for r in self.ranks:
+            if r.blocked is not None and not r.inflight_reported:
+                comm, seq, opname, nbytes, arrival, peer = r.blocked
+                if t - arrival >= self.inflight_after_s and r.host not in self.host_dead_at:
+                    items.append((r.host, ("c", r.rank, comm, seq, opname, nbytes, self.ns(arrival, r.host), None, peer)))
+                    r.inflight_reported = True
+        return items
+
+    @property
+    def done(self) -> bool:
+        return self.finished == len(self.ranks) and not self.out
+
+    @property
+    def stalled(self) -> bool:
+        """Nothing can make progress any more (a hang): no events left, not finished."""
+        return not self.heap and self.finished < len(self.ranks)
+
+    def host_alive(self, host: int, t: float) -> bool:
+        dead = self.host_dead_at.get(host)
+        return dead is None or t <= dead

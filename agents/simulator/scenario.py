@@ -1,0 +1,137 @@
+"""A scenario: layout + workload + noise + faults, turned into v1 envelopes and labels."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from agents.simulator.engine import Network, Noise, Simulation, Workload
+from agents.simulator.faults import Fault
+from agents.simulator.layout import Layout
+from agents.wire import collective_dict, step_dict
+
+
+@dataclass(frozen=True)
+class Scenario:
+    job: str = "sim-job"
+    layout: Layout = field(default_factory=Layout)
+    steps: int = 200
+    workload: Workload = field(default_factory=Workload)
+    network: Network = field(default_factory=Network)
+    noise: Noise = field(default_factory=Noise)
+    faults: tuple[Fault, ...] = ()
+    seed: int = 0
+    batch_s: float = 1.0  # the agents' flush interval
+    t0_ns: int = 1_780_000_000_000_000_000
+    hang_tail_s: float = 30.0  # how long hosts keep sending heartbeats after a hang
+
+    def simulation(self) -> Simulation:
+        return Simulation(
+            self.layout,
+            steps=self.steps,
+            workload=self.workload,
+            network=self.network,
+            noise=self.noise,
+            faults=self.faults,
+            seed=self.seed,
+            t0_ns=self.t0_ns,
+        )
+
+    def with_faults(self, *faults: Fault) -> Scenario:
+        return replace(self, faults=tuple(faults))
+
+    # -- announcements ---------------------------------------------------------------------------
+    def host_ranks(self, host: str) -> list[dict[str, Any]]:
+        lay = self.layout
+        return [{"rank": r, "gpu": lay.gpu(r), "world_size": lay.world} for r in lay.ranks_of_host(host)]
+
+    def host_comms(self, host: str) -> list[dict[str, Any]]:
+        return [{"comm": c.comm, "kind": c.kind, "ranks": list(c.ranks)} for c in self.layout.comms_of_host(host)]
+
+    # -- envelopes -------------------------------------------------------------------------------
+    def envelopes(self, sim: Simulation | None = None) -> Iterator[dict[str, Any]]:
+        """Envelopes in send order, one per live host per ``batch_s`` (heartbeats when idle)."""
+        sim = sim or self.simulation()
+        lay = self.layout
+        t = 0.0
+        stall_since: float | None = None
+        while True:
+            t += self.batch_s
+            sim.run_until(t)
+            items = sim.drain(t)
+            by_host: dict[int, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
+            for host, rec in items:
+                colls, steps = by_host.setdefault(host, ([], []))
+                (colls if rec[0] == "c" else steps).append(
+                    collective_dict(list(rec)) if rec[0] == "c" else step_dict(list(rec))
+                )
+            for h, name in enumerate(lay.hosts):
+                if not sim.host_alive(h, t):
+                    continue
+                colls, steps = by_host.get(h, ([], []))
+                yield {
+                    "job": self.job,
+                    "host": name,
+                    "sent_ns": sim.ns(t, h),
+                    "ranks": self.host_ranks(name),
+                    "comms": self.host_comms(name),
+                    "collectives": colls,
+                    "steps": steps,
+                }
+            if sim.done:
+                return
+            if sim.stalled and not sim.out:
+                stall_since = t if stall_since is None else stall_since
+                if t - stall_since >= self.hang_tail_s:
+                    return
+
+    def labels(self, sim: Simulation) -> dict[str, Any]:
+        faults = []
+        for i, f in enumerate(self.faults):
+            d = f.label()
+            if f.kind == "slow_gpu" or f.kind == "hang":
+                d["hosts"] = [self.layout.host(f.ranks[0])]
+            if f.kind in ("slow_node", "dead_host"):
+                d["ranks"] = self.layout.ranks_of_host(f.hosts[0])
+            onset = sim.fault_onset.get(i)
+            d["onset_ns"] = self.t0_ns + int(onset * 1e9) if onset is not None else None
+            end = sim.fault_end.get(i)
+            d["end_ns"] = self.t0_ns + int(end * 1e9) if end is not None else None
+            faults.append(d)
+        return {
+            "job": self.job,
+            "seed": self.seed,
+            "steps": self.steps,
+            "layout": {"tp": self.layout.tp, "pp": self.layout.pp, "dp": self.layout.dp,
+                       "gpus_per_host": self.layout.gpus_per_host, "world": self.layout.world},
+            "noise": asdict(self.noise),
+            "faults": faults,
+        }
+
+
+def parse_fault(spec: str) -> Fault:
+    """``kind:key=value,...`` e.g. ``slow_gpu:rank=5,start=100,factor=1.5,end=200``."""
+    kind, _, rest = spec.partition(":")
+    kw: dict[str, Any] = {}
+    ranks: list[int] = []
+    hosts: list[str] = []
+    for part in filter(None, rest.split(",")):
+        key, _, value = part.partition("=")
+        key = key.strip()
+        if key == "rank":
+            ranks.append(int(value))
+        elif key == "host":
+            hosts.extend(value.split("+"))
+        elif key == "start":
+            kw["start_step"] = int(value)
+        elif key == "end":
+            kw["end_step"] = int(value)
+        elif key == "factor":
+            kw["factor"] = float(value)
+        elif key == "period":
+            kw["period"] = int(value)
+        else:
+            raise ValueError(f"unknown fault key {key!r} in {spec!r}")
+    kw.setdefault("start_step", 0)
+    return Fault(kind=kind.strip(), ranks=tuple(ranks), hosts=tuple(hosts), **kw)

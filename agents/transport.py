@@ -1,0 +1,87 @@
+"""HTTP delivery of envelopes with retries: exponential backoff with full jitter, 429 aware."""
+
+from __future__ import annotations
+
+import email.utils
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+RETRYABLE = {408, 425, 429, 500, 502, 503, 504}
+
+
+@dataclass(slots=True)
+class Backoff:
+    """Full-jitter exponential backoff (AWS architecture blog): sleep U(0, min(cap, base*2^n))."""
+
+    base_s: float = 0.25
+    cap_s: float = 30.0
+    attempt: int = 0
+    rng: random.Random | None = None
+
+    def next(self) -> float:
+        ceiling = min(self.cap_s, self.base_s * (2**self.attempt))
+        self.attempt += 1
+        return (self.rng or random).uniform(0, ceiling)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+def retry_after(value: str | None, *, cap_s: float = 300.0) -> float | None:
+    """Seconds from a Retry-After header (delta-seconds or HTTP date)."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return min(float(value), cap_s)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, min(when.timestamp() - time.time(), cap_s))
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """Outcome of one POST: ``ok`` (stored), ``retry`` (try later), ``refused`` (never retry)."""
+
+    outcome: str
+    status: int | None
+    body: dict[str, Any] | None
+    wait_s: float | None = None
+    error: str | None = None
+
+
+class Sender:
+    def __init__(self, service: str, *, token: str | None = None, timeout_s: float = 10.0) -> None:
+        headers = {"Content-Type": "application/json", "User-Agent": "failslow-agent/1"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self.url = service.rstrip("/") + "/v1/ingest"
+        self.client = httpx.Client(headers=headers, timeout=timeout_s)
+
+    def post(self, payload: bytes, *, gzipped: bool = True) -> Delivery:
+        headers = {"Content-Encoding": "gzip"} if gzipped else {}
+        try:
+            resp = self.client.post(self.url, content=payload, headers=headers)
+        except httpx.HTTPError as exc:
+            return Delivery("retry", None, None, error=f"{type(exc).__name__}: {exc}")
+        body: dict[str, Any] | None
+        try:
+            body = resp.json()
+        except ValueError:
+            body = None
+        if resp.status_code == 200:
+            return Delivery("ok", 200, body)
+        if resp.status_code in RETRYABLE:
+            return Delivery(
+                "retry", resp.status_code, body, wait_s=retry_after(resp.headers.get("retry-after"))
+            )
+        return Delivery("refused", resp.status_code, body, error=(body or {}).get("detail"))
+
+    def close(self) -> None:
+        self.client.close()

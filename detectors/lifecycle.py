@@ -1,0 +1,87 @@
+"""Persistence before opening and hysteresis before resolving, for many subjects at once.
+
+Node-problem-detector's split: a *suspect frame* is a temporary event; an *open condition* is
+persistent. A subject opens when at least ``open_after`` of its last ``window`` frames were
+suspect (and the newest one is), and resolves after ``resolve_after`` consecutive frames without
+even the relaxed ("elevated") signal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class Transitions:
+    opened: np.ndarray  # subject indices that opened in this frame
+    resolved: np.ndarray  # subject indices that resolved in this frame
+
+
+class ConditionTracker:
+    """Vectorised over subjects (rank slots); state is O(1) per subject."""
+
+    def __init__(self, *, window: int, open_after: int, resolve_after: int) -> None:
+        if not 1 <= open_after <= window <= 63:
+            raise ValueError("need 1 <= open_after <= window <= 63")
+        self.window = window
+        self.open_after = open_after
+        self.resolve_after = resolve_after
+        self.mask = np.uint64((1 << window) - 1)
+        self.bits = np.zeros(0, dtype=np.uint64)
+        self.open = np.zeros(0, dtype=bool)
+        self.clean = np.zeros(0, dtype=np.int64)
+
+    def ensure(self, n: int) -> None:
+        extra = n - self.bits.size
+        if extra > 0:
+            self.bits = np.concatenate([self.bits, np.zeros(extra, np.uint64)])
+            self.open = np.concatenate([self.open, np.zeros(extra, bool)])
+            self.clean = np.concatenate([self.clean, np.zeros(extra, np.int64)])
+
+    def seed_open(self, index: int) -> None:
+        """Mark a subject open (an incident that was open before a restart)."""
+        self.ensure(index + 1)
+        self.open[index] = True
+        self.clean[index] = 0
+
+    def suspect_count(self) -> np.ndarray:
+        return np.bitwise_count(self.bits & self.mask).astype(np.int64)
+
+    def update(self, suspect: np.ndarray, elevated: np.ndarray, present: np.ndarray) -> Transitions:
+        """Advance one frame. Absent subjects (no data) neither count as suspect nor as clean."""
+        n = suspect.size
+        self.ensure(n)
+        bits = self.bits[:n]
+        shifted = ((bits << np.uint64(1)) | suspect.astype(np.uint64)) & self.mask
+        self.bits[:n] = np.where(present, shifted, bits)
+        count = self.suspect_count()[:n]
+        was_open = self.open[:n].copy()
+        opening = ~was_open & present & suspect & (count >= self.open_after)
+        clean = np.where(present & was_open, np.where(elevated | suspect, 0, self.clean[:n] + 1), self.clean[:n])
+        resolving = was_open & (clean >= self.resolve_after)
+        self.clean[:n] = np.where(opening | resolving, 0, clean)
+        self.open[:n] = (was_open & ~resolving) | opening
+        if resolving.any():
+            self.bits[:n][resolving] = 0
+        return Transitions(np.flatnonzero(opening), np.flatnonzero(resolving))
+
+
+def run_start(flags: np.ndarray, *, max_gap: int = 1) -> int:
+    """Index (into ``flags``, oldest first) where the run of True ending at the newest begins.
+
+    Gaps of up to ``max_gap`` False frames inside the run are tolerated; returns
+    ``len(flags) - 1`` when the newest frame itself is False.
+    """
+    start = len(flags) - 1
+    gap = 0
+    for i in range(len(flags) - 1, -1, -1):
+        if flags[i]:
+            start = i
+            gap = 0
+        else:
+            gap += 1
+            if gap > max_gap:
+                break
+    return start

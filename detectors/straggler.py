@@ -1,0 +1,113 @@
+"""Peer-lateness straggler detector: which ranks do their peers keep waiting for?
+
+Per frame (one training step), each rank's *lateness* is the time its peers spent waiting for it
+inside collectives (see :mod:`detectors.lateness`). A compute straggler is late in **every**
+communicator it belongs to, while a rank that is merely delayed by someone else (the straggler's
+tensor-parallel peers, or its pipeline neighbours) is on time in at least one of them: so a rank's
+lateness is the *minimum* over the comm kinds it took part in. When step records exist, the rank's
+compute time (step time minus time inside communication, on its own clock) must also exceed
+its role peers' (leave-one-out median within each tensor/data/expert-parallel group), as in
+NVIDIA nvidia-resiliency-ext's straggler scores, where communication time is excluded because
+in a collective the slow rank waits least.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from detectors.robust import loo_median
+from detectors.types import KINDS, P2P, Frame, PeerGroups
+
+SYMMETRIC = np.array([i for i in range(len(KINDS)) if i != P2P])
+
+
+@dataclass(frozen=True, slots=True)
+class FrameScores:
+    """Per-rank scores of one frame. NaN = unknown (rank absent, or no step records)."""
+
+    index: int
+    frame_time: float  # seconds: the job's step time in this frame (or the frame length)
+    late: np.ndarray  # seconds peers waited for the rank in this frame (min over comm kinds)
+    late_fraction: np.ndarray  # late / frame_time
+    compute: np.ndarray  # seconds outside communication
+    compute_ratio: np.ndarray  # compute / role peers' compute (min over the rank's groups)
+    suspect: np.ndarray  # bool: crosses the thresholds in this frame
+    elevated: np.ndarray  # bool: crosses the relaxed thresholds (hysteresis, onset dating)
+
+
+def min_rule_lateness(late: np.ndarray, calls: np.ndarray) -> np.ndarray:
+    """Lateness per rank: the minimum over symmetric comm kinds it used; p2p only as fallback."""
+    sym_late = late[:, SYMMETRIC]
+    used = calls[:, SYMMETRIC] > 0
+    masked = np.where(used, sym_late, np.inf)
+    out = masked.min(axis=1)
+    fallback = ~used.any(axis=1)
+    out[fallback] = late[fallback, P2P]
+    return out
+
+
+def peer_ratio(values: np.ndarray, groups: PeerGroups) -> np.ndarray:
+    """``value / leave-one-out median of its group``, minimum over the groups of each slot."""
+    n = values.shape[0]
+    out = np.full(n, np.inf)
+    for stack in groups.stacks:
+        inside = stack < n
+        g = np.where(inside, stack, 0)
+        vals = np.where(inside, values[g], np.nan)
+        med = loo_median(vals)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(med > 0, vals / med, np.nan)
+        ok = inside & np.isfinite(ratio)
+        np.fmin.at(out, g[ok], ratio[ok])
+    out[~np.isfinite(out)] = np.nan
+    return out
+
+
+class PeerLatenessDetector:
+    """Stateless per-frame scorer; persistence and hysteresis live in the lifecycle tracker."""
+
+    def __init__(self, *, late_fraction: float = 0.03, compute_ratio: float = 1.05, relax: float = 0.5) -> None:
+        if late_fraction <= 0 or compute_ratio <= 1 or not 0 < relax <= 1:
+            raise ValueError("need late_fraction > 0, compute_ratio > 1, 0 < relax <= 1")
+        self.late_fraction = late_fraction
+        self.compute_ratio = compute_ratio
+        self.relax = relax
+
+    def score(self, frame: Frame, groups: PeerGroups) -> FrameScores:
+        present = (frame.calls.sum(axis=1) > 0) | np.isfinite(frame.step_time)
+        late = np.where(present, min_rule_lateness(frame.late, frame.calls), np.nan)
+        if frame.has_steps:
+            frame_time = float(np.nanmedian(frame.step_time)) if np.isfinite(frame.step_time).any() else np.nan
+            compute = np.maximum(frame.step_time - frame.comm_time, 0.0)
+            ratio = peer_ratio(compute, groups)
+        else:
+            frame_time = (frame.end_ns - frame.start_ns) * 1e-9
+            compute = np.full(frame.n, np.nan)
+            ratio = np.full(frame.n, np.nan)
+        if not np.isfinite(frame_time) or frame_time <= 0:
+            frame_time = np.nan
+        late_fraction = late / frame_time
+        typical = np.nanmedian(late_fraction) if np.isfinite(late_fraction).any() else 0.0
+        ratio_ok = np.isnan(ratio) | (ratio >= self.compute_ratio)
+        relaxed_ratio = 1.0 + (self.compute_ratio - 1.0) * self.relax
+        with np.errstate(invalid="ignore"):
+            suspect = (
+                (late_fraction >= self.late_fraction)
+                & (late_fraction - typical >= self.late_fraction)
+                & ratio_ok
+            )
+            elevated = (late_fraction >= self.late_fraction * self.relax) & (
+                np.isnan(ratio) | (ratio >= relaxed_ratio)
+            )
+        return FrameScores(
+            index=frame.index,
+            frame_time=frame_time,
+            late=late,
+            late_fraction=late_fraction,
+            compute=compute,
+            compute_ratio=ratio,
+            suspect=np.nan_to_num(suspect, nan=0).astype(bool),
+            elevated=np.nan_to_num(elevated, nan=0).astype(bool),
+        )

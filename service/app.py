@@ -1,0 +1,109 @@
+"""``create_app(settings)``: everything is built in the lifespan and kept on ``app.state.ctx``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from starlette.concurrency import run_in_threadpool
+
+from service import __version__
+from service.context import AppContext
+from service.db import make_engine, make_sessionmaker, upgrade
+from service.detection.engine import DetectionEngine
+from service.errors import install_handlers
+from service.incidents.router import router as incidents_router
+from service.ingest.router import router as ingest_router
+from service.ingest.schemas import Envelope
+from service.jobs.registry import JobRegistry
+from service.jobs.router import router as jobs_router
+from service.live import job_samples, open_by_kind
+from service.metrics import LiveCollector, Metrics
+from service.ops.router import router as ops_router
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+async def detection_loop(ctx: AppContext) -> None:
+    """Run detection over jobs with new data every ``detection.interval_s``; never dies."""
+    interval = ctx.settings.detection.interval_s
+    while True:
+        try:
+            await run_in_threadpool(ctx.detection.run_due)
+            for job in ctx.jobs.evict_idle():
+                ctx.detection.forget(job)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001
+            log.exception("detection loop iteration failed")
+        await asyncio.sleep(interval)
+
+
+def build_context(settings: Settings) -> AppContext:
+    engine = make_engine(settings.database_url)
+    if settings.migrate_on_start:
+        upgrade(engine)
+    sessions = make_sessionmaker(engine)
+    metrics = Metrics()
+    jobs = JobRegistry(settings=settings.state, sessions=sessions)
+    detection = DetectionEngine(
+        settings=settings.detection, sessions=sessions, metrics=metrics, jobs=jobs
+    )
+    ctx = AppContext(settings, engine, sessions, metrics, jobs, detection)
+    metrics.add(LiveCollector(jobs=lambda: job_samples(ctx), open_incidents=lambda: open_by_kind(ctx)))
+    return ctx
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        ctx = await run_in_threadpool(build_context, settings)
+        app.state.ctx = ctx
+        task = asyncio.create_task(detection_loop(ctx), name="failslow-detection")
+        log.info("failslow %s ready (database %s)", __version__, ctx.engine.url.render_as_string())
+        try:
+            yield
+        finally:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            ctx.engine.dispose()
+
+    app = FastAPI(
+        title="failslow",
+        version=__version__,
+        summary="Finds fail-slow GPUs, nodes, links and hangs in distributed training jobs.",
+        lifespan=lifespan,
+    )
+    install_handlers(app)
+    app.include_router(ingest_router)
+    app.include_router(jobs_router)
+    app.include_router(incidents_router)
+    app.include_router(ops_router)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = get_openapi(
+            title=app.title, version=app.version, summary=app.summary, routes=app.routes
+        )
+        # The ingest body is parsed by hand (per-record rejection), so describe it explicitly.
+        defs = Envelope.model_json_schema(ref_template="#/components/schemas/{model}")
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        components.update(defs.pop("$defs", {}))
+        components["Envelope"] = defs
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app

@@ -1,0 +1,125 @@
+"""The ``failslow`` command line: serve, db, token, agent, simulate, replay, demo.
+
+This module is the composition root for commands: it imports ``agents`` lazily, inside the
+commands that need it, so the service package itself never depends on the agents.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import secrets
+import sys
+from collections.abc import Sequence
+
+from pydantic import ValidationError
+
+
+def _settings(args: argparse.Namespace) -> object:
+    from service.settings import Settings
+
+    overrides: dict[str, object] = {}
+    for name in ("host", "port", "database_url", "log_level"):
+        value = getattr(args, name, None)
+        if value is not None:
+            overrides[name] = value
+    if getattr(args, "insecure", False):
+        overrides["insecure"] = True
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        msgs = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
+        raise SystemExit(f"failslow: invalid settings: {msgs}") from None
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from service.app import create_app
+
+    settings = _settings(args)
+    logging.basicConfig(
+        level=settings.log_level.upper(),  # type: ignore[attr-defined]
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    app = create_app(settings)  # type: ignore[arg-type]
+    uvicorn.run(
+        app,
+        host=settings.host,  # type: ignore[attr-defined]
+        port=settings.port,  # type: ignore[attr-defined]
+        log_level=settings.log_level,  # type: ignore[attr-defined]
+        access_log=args.access_log,
+    )
+    return 0
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    from service.db import current_revision, downgrade, head_revision, make_engine, upgrade
+
+    settings = _settings(args)
+    engine = make_engine(settings.database_url)  # type: ignore[attr-defined]
+    try:
+        if args.action == "upgrade":
+            upgrade(engine, args.revision or "head")
+        elif args.action == "downgrade":
+            downgrade(engine, args.revision or "base")
+        print(f"database at {current_revision(engine)} (code head {head_revision()})")
+    finally:
+        engine.dispose()
+    return 0
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    from service.settings import hash_token
+
+    token = args.token or secrets.token_urlsafe(32)
+    print(f"token: {token}")
+    print(f"hash:  {hash_token(token)}")
+    print("Give the token to clients; put the hash in FAILSLOW_AUTH__<ROLE>_TOKENS.")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="failslow", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="run the service")
+    p.add_argument("--host", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 8000)")
+    p.add_argument("--database-url", help="SQLAlchemy URL (default sqlite:///./var/failslow.db)")
+    p.add_argument("--log-level", help="debug, info, warning, error")
+    p.add_argument("--insecure", action="store_true", help="allow a public bind without tokens")
+    p.add_argument("--access-log", action="store_true", help="log every request")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("db", help="apply or revert database migrations")
+    p.add_argument("action", choices=["upgrade", "downgrade", "current"])
+    p.add_argument("--revision", help="target revision (default head / base)")
+    p.add_argument("--database-url")
+    p.set_defaults(func=cmd_db)
+
+    p = sub.add_parser("token", help="make a bearer token and the hash to configure")
+    p.add_argument("--token", help="hash this token instead of generating one")
+    p.set_defaults(func=cmd_token)
+
+    from agents.cli import register as register_agent_commands  # noqa: PLC0415
+
+    register_agent_commands(sub)
+
+    p = sub.add_parser("demo", help="service + simulated 64-rank job with injected faults, live")
+    p.add_argument("--port", type=int, default=int(os.environ.get("FAILSLOW_DEMO_PORT", "8000")))
+    p.add_argument("--seconds", type=float, default=0, help="stop after this long (0 = run the story)")
+    p.add_argument("--workdir", default="var/demo", help="where the demo keeps its files")
+    p.add_argument("--fast", action="store_true", help="shorter story (for tests)")
+    p.set_defaults(func=lambda a: __import__("service.demo", fromlist=["run"]).run(a))
+
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

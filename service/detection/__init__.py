@@ -1,0 +1,1 @@
+"""Detection wiring: runs the pure detectors over each job's closed frames and persists findings."""

@@ -1,0 +1,168 @@
+"""Domain errors and their one mapping to ``application/problem+json`` (RFC 9457)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+PROBLEM = "application/problem+json"
+TYPE_BASE = "https://failslow.dev/problems/"
+
+
+class FailslowError(Exception):
+    """Base of every error the API reports on purpose."""
+
+    status = 500
+    slug = "internal"
+    title = "Internal error"
+
+    def __init__(
+        self,
+        detail: str,
+        *,
+        errors: list[dict[str, Any]] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.errors = errors
+        self.headers = headers
+
+
+class InvalidEnvelope(FailslowError):
+    status = 400
+    slug = "invalid-envelope"
+    title = "Invalid envelope"
+
+
+class UnsupportedMediaType(FailslowError):
+    status = 415
+    slug = "unsupported-media-type"
+    title = "Unsupported media type"
+
+
+class PayloadTooLarge(FailslowError):
+    status = 413
+    slug = "payload-too-large"
+    title = "Payload too large"
+
+
+class Overloaded(FailslowError):
+    status = 429
+    slug = "overloaded"
+    title = "Too many requests"
+
+
+class Unauthorized(FailslowError):
+    status = 401
+    slug = "unauthorized"
+    title = "Unauthorized"
+
+
+class Forbidden(FailslowError):
+    status = 403
+    slug = "forbidden"
+    title = "Forbidden"
+
+
+class NotFound(FailslowError):
+    status = 404
+    slug = "not-found"
+    title = "Not found"
+
+
+class Conflict(FailslowError):
+    status = 409
+    slug = "conflict"
+    title = "Conflict"
+
+
+class Unavailable(FailslowError):
+    status = 503
+    slug = "unavailable"
+    title = "Service unavailable"
+
+
+def problem(
+    status: int,
+    slug: str,
+    title: str,
+    detail: str,
+    *,
+    instance: str | None = None,
+    errors: list[dict[str, Any]] | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    body: dict[str, Any] = {
+        "type": TYPE_BASE + slug,
+        "title": title,
+        "status": status,
+        "detail": detail,
+    }
+    if instance:
+        body["instance"] = instance
+    if errors:
+        body["errors"] = errors
+    return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
+
+
+_STATUS_SLUGS = {
+    400: ("bad-request", "Bad request"),
+    401: ("unauthorized", "Unauthorized"),
+    403: ("forbidden", "Forbidden"),
+    404: ("not-found", "Not found"),
+    405: ("method-not-allowed", "Method not allowed"),
+    409: ("conflict", "Conflict"),
+    413: ("payload-too-large", "Payload too large"),
+    415: ("unsupported-media-type", "Unsupported media type"),
+    422: ("validation-error", "Validation error"),
+    429: ("overloaded", "Too many requests"),
+    503: ("unavailable", "Service unavailable"),
+}
+
+
+def install_handlers(app: FastAPI) -> None:
+    """Route every error path through :func:`problem`."""
+
+    @app.exception_handler(FailslowError)
+    async def _domain(request: Request, exc: FailslowError) -> JSONResponse:
+        return problem(
+            exc.status,
+            exc.slug,
+            exc.title,
+            exc.detail,
+            instance=request.url.path,
+            errors=exc.errors,
+            headers=exc.headers,
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {"loc": ".".join(str(p) for p in err.get("loc", ())), "msg": err.get("msg", "")}
+            for err in exc.errors()
+        ]
+        return problem(
+            422,
+            "validation-error",
+            "Validation error",
+            "the request parameters are invalid",
+            instance=request.url.path,
+            errors=errors,
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        slug, title = _STATUS_SLUGS.get(exc.status_code, ("error", "Error"))
+        return problem(
+            exc.status_code,
+            slug,
+            title,
+            str(exc.detail),
+            instance=request.url.path,
+            headers=getattr(exc, "headers", None),
+        )

@@ -1,0 +1,1 @@
+"""Incidents domain: persistent conditions (slow GPU, node, link, hang) with their evidence."""

@@ -1,0 +1,48 @@
+"""The incidents table: persistent conditions with their evidence."""
+
+from __future__ import annotations
+
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from service.db import Base
+
+
+class Incident(Base):
+    __tablename__ = "incidents"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    job_id: Mapped[str] = mapped_column(
+        String(128), ForeignKey("jobs.id", ondelete="CASCADE"), index=True
+    )
+    kind: Mapped[str] = mapped_column(String(32))
+    subject: Mapped[str] = mapped_column(String(512))
+    state: Mapped[str] = mapped_column(String(16))
+    ranks: Mapped[list[int]] = mapped_column(JSON)
+    hosts: Mapped[list[str]] = mapped_column(JSON)
+    slowdown: Mapped[float | None] = mapped_column(Float)
+    subject_slowdown: Mapped[float | None] = mapped_column(Float)
+    confidence: Mapped[float] = mapped_column(Float)
+    onset_ns: Mapped[int] = mapped_column(BigInteger)
+    detected_ns: Mapped[int] = mapped_column(BigInteger)
+    resolved_ns: Mapped[int | None] = mapped_column(BigInteger)
+    onset_step: Mapped[int | None] = mapped_column(Integer)
+    detected_step: Mapped[int | None] = mapped_column(Integer)
+    resolved_step: Mapped[int | None] = mapped_column(Integer)
+    summary: Mapped[str] = mapped_column(Text)
+    evidence: Mapped[dict[str, object]] = mapped_column(JSON)
+    updated_ns: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (
+        # One open incident per (job, kind, subject), enforced by the database so that two
+        # service processes on one database cannot both open it.
+        Index(
+            "uq_incidents_open_subject",
+            "job_id",
+            "kind",
+            "subject",
+            unique=True,
+            sqlite_where=(state == "open"),
+            postgresql_where=(state == "open"),
+        ),
+    )

@@ -1,0 +1,30 @@
+"""``/v1/incidents``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Path, Query
+
+from service.context import ReadAuth, SessionDep
+from service.errors import NotFound
+from service.incidents import service as incidents
+from service.incidents.schemas import IncidentOut
+
+router = APIRouter(prefix="/v1/incidents", tags=["incidents"])
+
+
+@router.get("", response_model=list[IncidentOut], dependencies=[ReadAuth], summary="All incidents")
+def list_all(
+    session: SessionDep,
+    state: Annotated[Literal["open", "resolved", "all"], Query()] = "all",
+) -> list[IncidentOut]:
+    return [incidents.to_out(r) for r in incidents.list_incidents(session, state=state)]
+
+
+@router.get("/{incident_id}", response_model=IncidentOut, dependencies=[ReadAuth], summary="One incident")
+def get_one(incident_id: Annotated[str, Path(max_length=40)], session: SessionDep) -> IncidentOut:
+    row = incidents.get_incident(session, incident_id=incident_id)
+    if row is None:
+        raise NotFound(f"no incident {incident_id!r}")
+    return incidents.to_out(row)

@@ -1,0 +1,158 @@
+"""Queries and state changes of incidents (keyword-only; the caller owns the transaction)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from service.ids import new_id
+from service.incidents.models import Incident
+from service.incidents.schemas import IncidentOut
+
+
+@dataclass(frozen=True, slots=True)
+class IncidentDraft:
+    """Everything needed to open or refresh an incident."""
+
+    job: str
+    kind: str
+    subject: str
+    ranks: list[int]
+    hosts: list[str]
+    slowdown: float | None
+    subject_slowdown: float | None
+    confidence: float
+    onset_ns: int
+    detected_ns: int
+    onset_step: int | None
+    detected_step: int | None
+    summary: str
+    evidence: dict[str, Any]
+
+
+def open_incident(session: Session, *, draft: IncidentDraft, now_ns: int) -> tuple[Incident, bool]:
+    """Open an incident, or return the one already open for (job, kind, subject).
+
+    Returns ``(incident, created)``. The partial unique index makes this safe when two service
+    processes race: the loser finds the winner's row.
+    """
+    existing = find_open(session, job=draft.job, kind=draft.kind, subject=draft.subject)
+    if existing is not None:
+        return existing, False
+    row = Incident(
+        id=new_id("inc"),
+        job_id=draft.job,
+        kind=draft.kind,
+        subject=draft.subject,
+        state="open",
+        ranks=draft.ranks,
+        hosts=draft.hosts,
+        slowdown=draft.slowdown,
+        subject_slowdown=draft.subject_slowdown,
+        confidence=draft.confidence,
+        onset_ns=draft.onset_ns,
+        detected_ns=draft.detected_ns,
+        resolved_ns=None,
+        onset_step=draft.onset_step,
+        detected_step=draft.detected_step,
+        resolved_step=None,
+        summary=draft.summary,
+        evidence=draft.evidence,
+        updated_ns=now_ns,
+    )
+    try:
+        with session.begin_nested():
+            session.add(row)
+            session.flush()
+    except IntegrityError:
+        winner = find_open(session, job=draft.job, kind=draft.kind, subject=draft.subject)
+        if winner is None:
+            raise
+        return winner, False
+    return row, True
+
+
+def refresh_incident(
+    session: Session,
+    *,
+    incident: Incident,
+    slowdown: float | None,
+    subject_slowdown: float | None,
+    confidence: float,
+    summary: str,
+    evidence: dict[str, Any],
+    now_ns: int,
+) -> None:
+    incident.slowdown = slowdown
+    incident.subject_slowdown = subject_slowdown
+    incident.confidence = confidence
+    incident.summary = summary
+    incident.evidence = evidence
+    incident.updated_ns = now_ns
+
+
+def resolve_incident(
+    session: Session,
+    *,
+    incident: Incident,
+    resolved_ns: int,
+    resolved_step: int | None,
+    evidence: dict[str, Any] | None = None,
+) -> None:
+    incident.state = "resolved"
+    incident.resolved_ns = resolved_ns
+    incident.resolved_step = resolved_step
+    incident.updated_ns = resolved_ns
+    if evidence:
+        incident.evidence = {**incident.evidence, "resolution": evidence}
+
+
+def find_open(session: Session, *, job: str, kind: str, subject: str) -> Incident | None:
+    return session.scalars(
+        select(Incident).where(
+            Incident.job_id == job,
+            Incident.kind == kind,
+            Incident.subject == subject,
+            Incident.state == "open",
+        )
+    ).first()
+
+
+def list_incidents(session: Session, *, job: str | None = None, state: str = "all") -> list[Incident]:
+    query = select(Incident)
+    if job is not None:
+        query = query.where(Incident.job_id == job)
+    if state != "all":
+        query = query.where(Incident.state == state)
+    return list(session.scalars(query.order_by(Incident.id)))
+
+
+def get_incident(session: Session, *, incident_id: str) -> Incident | None:
+    return session.get(Incident, incident_id)
+
+
+def to_out(row: Incident) -> IncidentOut:
+    return IncidentOut(
+        id=row.id,
+        job=row.job_id,
+        kind=row.kind,  # type: ignore[arg-type]
+        ranks=list(row.ranks),
+        hosts=list(row.hosts),
+        state=row.state,  # type: ignore[arg-type]
+        slowdown=row.slowdown,
+        subject_slowdown=row.subject_slowdown,
+        confidence=row.confidence,
+        onset_ns=row.onset_ns,
+        detected_ns=row.detected_ns,
+        resolved_ns=row.resolved_ns,
+        onset_step=row.onset_step,
+        detected_step=row.detected_step,
+        resolved_step=row.resolved_step,
+        summary=row.summary,
+        evidence=dict(row.evidence),
+        updated_ns=row.updated_ns,
+    )

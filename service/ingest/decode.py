@@ -1,0 +1,66 @@
+"""Reading an ingest body safely: content type, size limit, bounded gzip, JSON."""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+
+from service.errors import InvalidEnvelope, PayloadTooLarge, UnsupportedMediaType
+
+CHUNK = 64 * 1024
+
+
+def _media_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+
+
+async def read_json(request: Request, *, max_bytes: int) -> tuple[Any, int, str]:
+    """Return ``(parsed JSON, bytes on the wire, encoding)``; raise 4xx problems otherwise.
+
+    Decompression is incremental and stops as soon as the output would pass ``max_bytes``, so a
+    gzip bomb costs at most ``max_bytes`` of memory.
+    """
+    media = _media_type(request)
+    if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
+        raise UnsupportedMediaType(f"expected application/json, got {media or 'no content type'!r}")
+    encoding = request.headers.get("content-encoding", "identity").strip().lower() or "identity"
+    if encoding not in ("identity", "gzip"):
+        raise UnsupportedMediaType(f"unsupported content-encoding {encoding!r} (use gzip or none)")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise PayloadTooLarge(f"body of {declared} bytes exceeds the limit of {max_bytes}")
+    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS) if encoding == "gzip" else None
+    out = bytearray()
+    received = 0
+    async for chunk in request.stream():
+        received += len(chunk)
+        if received > max_bytes:
+            raise PayloadTooLarge(f"body exceeds the limit of {max_bytes} bytes")
+        if inflater is None:
+            out += chunk
+            continue
+        try:
+            data = inflater.decompress(chunk, max_bytes + 1 - len(out))
+            out += data
+            while inflater.unconsumed_tail and len(out) <= max_bytes:
+                out += inflater.decompress(inflater.unconsumed_tail, max_bytes + 1 - len(out))
+        except zlib.error as exc:
+            raise InvalidEnvelope(f"bad gzip data: {exc}") from None
+        if len(out) > max_bytes or inflater.unconsumed_tail:
+            raise PayloadTooLarge(f"decompressed body exceeds the limit of {max_bytes} bytes")
+    if inflater is not None:
+        try:
+            out += inflater.flush()
+        except zlib.error as exc:
+            raise InvalidEnvelope(f"bad gzip data: {exc}") from None
+        if not inflater.eof:
+            raise InvalidEnvelope("bad gzip data: truncated stream")
+        if len(out) > max_bytes:
+            raise PayloadTooLarge(f"decompressed body exceeds the limit of {max_bytes} bytes")
+    try:
+        return orjson.loads(out), received, encoding
+    except orjson.JSONDecodeError as exc:
+        raise InvalidEnvelope(f"body is not valid JSON: {exc}") from None

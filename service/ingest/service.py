@@ -1,0 +1,35 @@
+"""Accepting an envelope: apply it to the job's memory, then make its accounting durable."""
+
+from __future__ import annotations
+
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.db import session_scope
+from service.errors import Unavailable
+from service.ingest.validate import Envelope
+from service.jobs.registry import JobRegistry
+from service.jobs.service import clear_committed, commit_ingest
+from service.jobs.state import ApplyResult
+
+
+def accept(*, jobs: JobRegistry, sessions: sessionmaker[Session], envelope: Envelope) -> ApplyResult:
+    """Apply ``envelope`` and commit its counters before answering.
+
+    If the commit fails the counters stay pending in memory (they are additive) and go out with
+    the job's next successful commit; the client gets 503 and re-sends, which is then recognised
+    as a duplicate. Either way every record is counted exactly once.
+    """
+    state = jobs.get_or_load(envelope.job)
+    with state.lock:
+        result = state.apply(envelope)
+        try:
+            with session_scope(sessions) as session:
+                commit_ingest(session, state=state)
+        except SQLAlchemyError as exc:
+            raise Unavailable(
+                f"storage unavailable ({type(exc).__name__}); retry later",
+                headers={"Retry-After": "2"},
+            ) from exc
+        clear_committed(state)
+    return result

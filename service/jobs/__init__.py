@@ -1,0 +1,1 @@
+"""Jobs domain: per-job in-memory state (topology, assembly, frames), its persistence, and REST."""

@@ -1,0 +1,188 @@
+"""Assembly of each collective, keyed by (comm, seq), from its members' records in any order.
+
+A collective is complete when every member has reported an ``end_ns``. Completed collectives
+are queued for the frame builder and remembered (bounded) so that re-sends are recognised.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from detectors.types import KIND_INDEX, P2P
+from service.ingest.validate import RecordError
+from service.ingest.wire import P2P_OPS, CollectiveRecord
+from service.jobs.topology import CommInfo
+
+
+class Outcome(enum.Enum):
+    NEW = "new"
+    COMPLETED = "completed"  # an in-flight record got its end_ns
+    DUPLICATE = "duplicate"
+
+
+@dataclass(slots=True)
+class Pending:
+    kind: int
+    nbytes: int
+    first_ns: int
+    starts: list[int | None]
+    ends: list[int | None]
+    ident: list[tuple[str, int, int | None] | None]  # per member (op, bytes, peer)
+    reported: int = 0
+    finished: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Completed:
+    """A collective whose members all finished: member slots and times on each member's clock."""
+
+    comm: str
+    seq: int
+    kind: int
+    op: str
+    nbytes: int
+    slots: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+
+
+def _member_key(op: str, nbytes: int, start: int, end: int | None, peer: int | None) -> int:
+    return hash((op, nbytes, start, end, peer))
+
+
+class Assembler:
+    """Pending and completed collectives of one job, bounded by count and event time."""
+
+    def __init__(self, *, max_pending: int, max_done: int, retention_ns: int) -> None:
+        self.max_pending = max_pending
+        self.max_done = max_done
+        self.retention_ns = retention_ns
+        self.pending: OrderedDict[tuple[str, int], Pending] = OrderedDict()
+        # per completed collective: per member (hash with end, hash with end=None)
+        self.done: OrderedDict[tuple[str, int], tuple[int, ...]] = OrderedDict()
+        self.retired_seq: dict[str, int] = {}
+        self.ready: list[Completed] = []
+        self.expired = 0  # incomplete collectives dropped by retention or the cap
+        self.assumed_duplicates = 0
+
+    def offer(self, rec: CollectiveRecord, comm: CommInfo) -> Outcome:
+        """Add one validated record of a member of ``comm``; raise RecordError on conflict."""
+        pos = comm.position.get(rec.rank)
+        if pos is None:
+            raise RecordError(f"rank {rec.rank} is not a member of comm {rec.comm}")
+        if rec.op in P2P_OPS:
+            if len(comm.ranks) != 2 or rec.peer not in comm.position:
+                raise RecordError(f"peer {rec.peer} is not the other member of comm {rec.comm}")
+        key = (rec.comm, rec.seq)
+        done = self.done.get(key)
+        if done is not None:
+            return self._against_done(rec, done, pos)
+        entry = self.pending.get(key)
+        if entry is None:
+            if rec.seq <= self.retired_seq.get(rec.comm, -1):
+                # Older than what we still remember: most likely a re-send. Counted apart.
+                self.assumed_duplicates += 1
+                return Outcome.DUPLICATE
+            n = len(comm.ranks)
+            kind = P2P if rec.op in P2P_OPS else KIND_INDEX[comm.kind]
+            entry = Pending(kind, rec.nbytes, rec.start_ns, [None] * n, [None] * n, [None] * n)
+            self.pending[key] = entry
+            if len(self.pending) > self.max_pending:
+                self._expire_oldest()
+        ident = (rec.op, rec.nbytes, rec.peer)
+        old = entry.ident[pos]
+        if old is None:
+            entry.ident[pos] = ident
+            entry.starts[pos] = rec.start_ns
+            entry.ends[pos] = rec.end_ns
+            entry.reported += 1
+            entry.first_ns = min(entry.first_ns, rec.start_ns)
+            entry.nbytes = max(entry.nbytes, rec.nbytes)
+            outcome = Outcome.NEW
+            if rec.end_ns is not None:
+                entry.finished += 1
+        else:
+            if old != ident or entry.starts[pos] != rec.start_ns:
+                raise RecordError("conflicting re-send of a stored record")
+            stored_end = entry.ends[pos]
+            if stored_end == rec.end_ns or rec.end_ns is None:
+                return Outcome.DUPLICATE  # identical, or a stale in-flight copy
+            if stored_end is not None:
+                raise RecordError("conflicting re-send of a stored record")
+            entry.ends[pos] = rec.end_ns
+            entry.finished += 1
+            outcome = Outcome.COMPLETED
+        if entry.finished == len(comm.ranks):
+            self._complete(key, entry, comm, rec.op)
+        return outcome
+
+    def _against_done(self, rec: CollectiveRecord, done: tuple[int, ...], pos: int) -> Outcome:
+        if rec.end_ns is None:
+            ok = done[2 * pos + 1] == _member_key(rec.op, rec.nbytes, rec.start_ns, None, rec.peer)
+        else:
+            ok = done[2 * pos] == _member_key(rec.op, rec.nbytes, rec.start_ns, rec.end_ns, rec.peer)
+        if not ok:
+            raise RecordError("conflicting re-send of a stored record")
+        return Outcome.DUPLICATE
+
+    def _complete(self, key: tuple[str, int], entry: Pending, comm: CommInfo, op: str) -> None:
+        del self.pending[key]
+        fingerprint: list[int] = []
+        for ident, start, end in zip(entry.ident, entry.starts, entry.ends, strict=True):
+            assert ident is not None and start is not None
+            fingerprint.append(_member_key(ident[0], ident[1], start, end, ident[2]))
+            fingerprint.append(_member_key(ident[0], ident[1], start, None, ident[2]))
+        self.done[key] = tuple(fingerprint)
+        if len(self.done) > self.max_done:
+            old_key, _ = self.done.popitem(last=False)
+            self._retire(old_key)
+        collective_op = "send" if entry.kind == P2P else op
+        self.ready.append(
+            Completed(
+                comm=key[0],
+                seq=key[1],
+                kind=entry.kind,
+                op=collective_op,
+                nbytes=entry.nbytes,
+                slots=comm.slots,
+                starts=np.array(entry.starts, dtype=np.int64),
+                ends=np.array(entry.ends, dtype=np.int64),
+            )
+        )
+
+    def _retire(self, key: tuple[str, int]) -> None:
+        comm, seq = key
+        if seq > self.retired_seq.get(comm, -1):
+            self.retired_seq[comm] = seq
+
+    def _expire_oldest(self) -> None:
+        key, _ = self.pending.popitem(last=False)
+        self._retire(key)
+        self.expired += 1
+
+    def expire(self, watermark_ns: int) -> int:
+        """Drop incomplete collectives older than the retention window; return how many."""
+        horizon = watermark_ns - self.retention_ns
+        count = 0
+        # Insertion order is arrival order, close to event order: stop at the first young one.
+        while self.pending:
+            key, entry = next(iter(self.pending.items()))
+            if entry.first_ns >= horizon:
+                break
+            del self.pending[key]
+            self._retire(key)
+            count += 1
+        self.expired += count
+        return count
+
+    def take_ready(self) -> list[Completed]:
+        ready, self.ready = self.ready, []
+        return ready
+
+    def inflight(self) -> list[tuple[str, int, Pending]]:
+        """Collectives with at least one member inside the call (reported without end_ns)."""
+        return [(c, s, e) for (c, s), e in self.pending.items() if e.finished < e.reported]

@@ -1,0 +1,115 @@
+"""``/v1/jobs``: summaries, detail, ranks, incidents of a job, and flush."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from starlette.concurrency import run_in_threadpool
+
+from service.auth import Role, check
+from service.context import AppContext, CtxDep, ReadAuth, SessionDep, get_ctx
+from service.errors import Forbidden, NotFound
+from service.incidents import service as incidents
+from service.incidents.schemas import IncidentOut
+from service.jobs import service as jobs_db
+from service.jobs import views
+from service.jobs.schemas import JobDetail, JobSummary, RankOut
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+JobId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")]
+
+
+def _flush_auth(request: Request, ctx: Annotated[AppContext, Depends(get_ctx)]) -> None:
+    """Flush is for replay tools (ingest tokens) and operators."""
+    try:
+        check(request, ctx.settings.auth, Role.INGEST)
+    except Forbidden:
+        check(request, ctx.settings.auth, Role.OPERATOR)
+
+
+@router.get("", response_model=list[JobSummary], dependencies=[ReadAuth], summary="List jobs")
+def list_jobs(ctx: CtxDep, session: SessionDep) -> list[JobSummary]:
+    counts = views.open_counts(session)
+    return [
+        views.summary(
+            row,
+            jobs=ctx.jobs,
+            engine=ctx.detection,
+            kinds=counts.get(row.id, {}),
+            stale_after_s=ctx.settings.state.stale_after_s,
+        )
+        for row in jobs_db.list_jobs(session)
+    ]
+
+
+@router.get("/{job}", response_model=JobDetail, dependencies=[ReadAuth], summary="One job")
+def get_job(job: JobId, ctx: CtxDep, session: SessionDep) -> JobDetail:
+    row = jobs_db.get_job(session, job=job)
+    if row is None:
+        raise NotFound(f"no job {job!r}")
+    return views.detail(
+        session,
+        row,
+        jobs=ctx.jobs,
+        engine=ctx.detection,
+        kinds=views.open_counts(session, job=job).get(job, {}),
+        stale_after_s=ctx.settings.state.stale_after_s,
+    )
+
+
+@router.get("/{job}/ranks", response_model=list[RankOut], dependencies=[ReadAuth], summary="Ranks")
+def get_ranks(job: JobId, ctx: CtxDep, session: SessionDep) -> list[RankOut]:
+    if jobs_db.get_job(session, job=job) is None:
+        raise NotFound(f"no job {job!r}")
+    state = ctx.jobs.get_or_load(job)
+    incident_ranks: dict[int, str] = {}
+    for inc in incidents.list_incidents(session, job=job, state="open"):
+        for r in inc.ranks:
+            if incident_ranks.get(r) != "hang":
+                incident_ranks[r] = inc.kind
+    return views.ranks(state, engine=ctx.detection, incident_ranks=incident_ranks)
+
+
+@router.get(
+    "/{job}/incidents",
+    response_model=list[IncidentOut],
+    dependencies=[ReadAuth],
+    summary="Incidents of a job",
+)
+def job_incidents(
+    job: JobId,
+    session: SessionDep,
+    state: Annotated[Literal["open", "resolved", "all"], Query()] = "all",
+) -> list[IncidentOut]:
+    if jobs_db.get_job(session, job=job) is None:
+        raise NotFound(f"no job {job!r}")
+    return [incidents.to_out(r) for r in incidents.list_incidents(session, job=job, state=state)]
+
+
+@router.post(
+    "/{job}/flush",
+    response_model=JobSummary,
+    dependencies=[Depends(_flush_auth)],
+    summary="Run detection over everything received for the job",
+)
+async def flush(job: JobId, ctx: CtxDep) -> JobSummary:
+    def _run() -> JobSummary:
+        with ctx.sessions() as session:
+            if jobs_db.get_job(session, job=job) is None:
+                raise NotFound(f"no job {job!r}")
+        state = ctx.jobs.get_or_load(job)
+        ctx.detection.run_job(state, flush=True)
+        with ctx.sessions() as session:
+            row = jobs_db.get_job(session, job=job)
+            assert row is not None
+            return views.summary(
+                row,
+                jobs=ctx.jobs,
+                engine=ctx.detection,
+                kinds=views.open_counts(session, job=job).get(job, {}),
+                stale_after_s=ctx.settings.state.stale_after_s,
+            )
+
+    return await run_in_threadpool(_run)

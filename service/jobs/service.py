@@ -1,0 +1,185 @@
+"""Persistence of job topology, ingest counters and compact history (keyword-only functions).
+
+Counters are written as increments so that two service processes sharing a database add up
+instead of overwriting each other. Callers own the transaction.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Table, insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from service.ingest.validate import CommAnnouncement, RankAnnouncement
+from service.jobs.models import AgentStream, Comm, Host, Job, JobHistory, Rank, RankHistory
+from service.jobs.state import JobState
+from service.settings import StateSettings
+
+
+def _upsert(
+    session: Session,
+    table: Table,
+    key: dict[str, Any],
+    *,
+    insert_values: dict[str, Any],
+    update_values: dict[str, Any],
+) -> None:
+    """UPDATE, else INSERT; a concurrent INSERT by another process falls back to UPDATE."""
+    where = [table.c[k] == v for k, v in key.items()]
+    if update_values and session.execute(update(table).where(*where).values(**update_values)).rowcount:
+        return
+    if not update_values and session.execute(select(table.c[next(iter(key))]).where(*where)).first():
+        return
+    try:
+        with session.begin_nested():
+            session.execute(insert(table).values(**key, **insert_values))
+    except IntegrityError:
+        if update_values:
+            session.execute(update(table).where(*where).values(**update_values))
+
+
+def commit_ingest(session: Session, *, state: JobState) -> None:
+    """Write what ``state`` accumulated since the last commit (job, hosts, streams, topology)."""
+    jobs: Table = Job.__table__  # type: ignore[assignment]
+    first = state.first_seen_ns or state.watermark_ns
+    _upsert(
+        session,
+        jobs,
+        {"id": state.job},
+        insert_values={
+            "world_size": state.topology.world_size,
+            "first_seen_ns": first,
+            "last_seen_ns": state.watermark_ns,
+            "watermark_ns": state.watermark_ns,
+        },
+        update_values={
+            "world_size": state.topology.world_size,
+            "last_seen_ns": state.watermark_ns,
+            "watermark_ns": state.watermark_ns,
+        },
+    )
+    hosts: Table = Host.__table__  # type: ignore[assignment]
+    for host, d in state.deltas.items():
+        c = hosts.c
+        _upsert(
+            session,
+            hosts,
+            {"job_id": state.job, "host": host},
+            insert_values={
+                "first_seen_ns": d.first_seen_ns or d.last_seen_ns,
+                "last_seen_ns": d.last_seen_ns,
+                "envelopes": d.envelopes,
+                "records_accepted": d.accepted,
+                "records_duplicate": d.duplicates,
+                "records_rejected": d.rejected,
+            },
+            update_values={
+                "last_seen_ns": d.last_seen_ns,
+                "envelopes": c.envelopes + d.envelopes,
+                "records_accepted": c.records_accepted + d.accepted,
+                "records_duplicate": c.records_duplicate + d.duplicates,
+                "records_rejected": c.records_rejected + d.rejected,
+            },
+        )
+    streams: Table = AgentStream.__table__  # type: ignore[assignment]
+    for host, agent in state.dirty_streams:
+        seq = state.streams[(host, agent)]
+        _upsert(
+            session,
+            streams,
+            {"job_id": state.job, "host": host, "agent": agent},
+            insert_values={"last_batch_seq": seq, "updated_ns": state.watermark_ns},
+            update_values={"last_batch_seq": seq, "updated_ns": state.watermark_ns},
+        )
+    topo = state.topology
+    ranks: Table = Rank.__table__  # type: ignore[assignment]
+    for r in topo.dirty_ranks:
+        info = topo.ranks[r]
+        if info.host is None:
+            continue
+        values = {"host": info.host, "gpu": info.gpu}
+        _upsert(session, ranks, {"job_id": state.job, "rank": r}, insert_values=values, update_values=values)
+    comms: Table = Comm.__table__  # type: ignore[assignment]
+    for name in topo.dirty_comms:
+        cinfo = topo.comms[name]
+        _upsert(
+            session,
+            comms,
+            {"job_id": state.job, "comm": name},
+            insert_values={"kind": cinfo.kind, "ranks": list(cinfo.ranks)},
+            update_values={},
+        )
+
+
+def clear_committed(state: JobState) -> None:
+    """Forget deltas and dirty marks once their transaction committed."""
+    state.deltas.clear()
+    state.dirty_streams.clear()
+    state.topology.dirty_ranks.clear()
+    state.topology.dirty_comms.clear()
+    state.persisted = True
+
+
+def load_job(session: Session, *, job: str, settings: StateSettings) -> JobState | None:
+    """Rebuild a job's topology and stream positions from the database (after a restart)."""
+    row = session.get(Job, job)
+    if row is None:
+        return None
+    state = JobState(job, settings)
+    state.persisted = True
+    state.first_seen_ns = row.first_seen_ns
+    state.watermark_ns = row.watermark_ns
+    topo = state.topology
+    topo.world_size = row.world_size
+    for h in session.scalars(select(Host).where(Host.job_id == job)):
+        topo.touch_host(h.host, h.last_seen_ns, state.last_wall)
+    for r in session.scalars(select(Rank).where(Rank.job_id == job)):
+        if r.host not in topo.hosts:
+            topo.touch_host(r.host, row.last_seen_ns, state.last_wall)
+        topo.announce_rank(r.host, RankAnnouncement(r.rank, r.gpu, None))
+    for c in session.scalars(select(Comm).where(Comm.job_id == job)):
+        topo.announce_comm(CommAnnouncement(c.comm, c.kind, tuple(c.ranks)))
+    for s in session.scalars(select(AgentStream).where(AgentStream.job_id == job)):
+        state.streams[(s.host, s.agent)] = s.last_batch_seq
+    topo.dirty_ranks.clear()
+    topo.dirty_comms.clear()
+    return state
+
+
+def list_jobs(session: Session) -> list[Job]:
+    return list(session.scalars(select(Job).order_by(Job.id)))
+
+
+def get_job(session: Session, *, job: str) -> Job | None:
+    return session.get(Job, job)
+
+
+def host_counters(session: Session, *, job: str) -> list[Host]:
+    return list(session.scalars(select(Host).where(Host.job_id == job).order_by(Host.host)))
+
+
+def save_job_progress(
+    session: Session,
+    *,
+    job: str,
+    last_step: int | None,
+    step_time_s: float | None,
+    baseline_step_time_s: float | None,
+) -> None:
+    session.execute(
+        update(Job)
+        .where(Job.id == job)
+        .values(last_step=last_step, step_time_s=step_time_s, baseline_step_time_s=baseline_step_time_s)
+    )
+
+
+def add_history(
+    session: Session, *, job_rows: list[dict[str, Any]], rank_rows: list[dict[str, Any]]
+) -> None:
+    """Insert downsampled history rows (one bucket each; buckets are written once)."""
+    if job_rows:
+        session.execute(insert(JobHistory), job_rows)
+    if rank_rows:
+        session.execute(insert(RankHistory), rank_rows)

@@ -1,0 +1,177 @@
+"""Read models: job summaries and rank lists, merged from memory (live) and the database."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numpy as np
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from service.detection.engine import DetectionEngine
+from service.incidents.models import Incident
+from service.jobs import service as jobs_db
+from service.jobs.models import Job
+from service.jobs.registry import JobRegistry
+from service.jobs.schemas import JobDetail, JobSummary, RankOut
+from service.jobs.state import JobState
+
+SLOW_KINDS = ("slow_gpu", "slow_node", "slow_link", "job_slowdown")
+
+
+def _clean(x: float | None) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
+
+
+def open_counts(session: Session, *, job: str | None = None) -> dict[str, dict[str, int]]:
+    """Open incidents per job and kind."""
+    q = select(Incident.job_id, Incident.kind, func.count()).where(Incident.state == "open")
+    if job is not None:
+        q = q.where(Incident.job_id == job)
+    out: dict[str, dict[str, int]] = {}
+    for job_id, kind, count in session.execute(q.group_by(Incident.job_id, Incident.kind)):
+        out.setdefault(job_id, {})[kind] = count
+    return out
+
+
+def job_state_name(state: JobState | None, kinds: dict[str, int], stale_after_s: float, row: Job) -> str:
+    if state is not None:
+        stale = state.is_stale(time.monotonic())
+    else:
+        stale = True  # not in memory: nothing received since this process started
+    if kinds.get("hang"):
+        return "hung"
+    if stale:
+        return "stale"
+    if any(kinds.get(k) for k in SLOW_KINDS):
+        return "degraded"
+    return "healthy"
+
+
+def summary(
+    row: Job,
+    *,
+    jobs: JobRegistry,
+    engine: DetectionEngine,
+    kinds: dict[str, int],
+    stale_after_s: float,
+) -> JobSummary:
+    state = jobs.get(row.id)
+    rt = engine.peek(row.id)
+    view: dict[str, Any] = rt.pipeline.job_view() if rt is not None and rt.pipeline.count else {}
+    live = state is not None
+    return JobSummary(
+        job=row.id,
+        world_size=(state.topology.world_size if live and state.topology.world_size else row.world_size),
+        hosts=len(state.topology.hosts) if live else 0,
+        state=job_state_name(state, kinds, stale_after_s, row),  # type: ignore[arg-type]
+        step=view.get("step", row.last_step) if view else row.last_step,
+        step_time_s=_clean(view.get("step_time_s", row.step_time_s) if view else row.step_time_s),
+        baseline_step_time_s=_clean(
+            view.get("baseline_step_time_s") if view else row.baseline_step_time_s
+        ),
+        slowdown=_clean(view.get("slowdown")) if view else None,
+        open_incidents=sum(kinds.values()),
+        first_seen_ns=(state.first_seen_ns or row.first_seen_ns) if live else row.first_seen_ns,
+        last_seen_ns=state.watermark_ns if live else row.last_seen_ns,
+        watermark_ns=_watermark(state, row),
+    )
+
+
+def _watermark(state: JobState | None, row: Job) -> int:
+    """Event time up to which detection has consumed everything."""
+    if state is None:
+        return row.watermark_ns
+    frames = state.frames
+    if frames.frames:
+        oldest_open = min(a.start_ns for a in frames.frames.values())
+        return min(state.watermark_ns, oldest_open)
+    return state.watermark_ns
+
+
+def detail(
+    session: Session,
+    row: Job,
+    *,
+    jobs: JobRegistry,
+    engine: DetectionEngine,
+    kinds: dict[str, int],
+    stale_after_s: float,
+) -> JobDetail:
+    base = summary(row, jobs=jobs, engine=engine, kinds=kinds, stale_after_s=stale_after_s)
+    state = jobs.get(row.id)
+    rt = engine.peek(row.id)
+    hosts = jobs_db.host_counters(session, job=row.id)
+    detector: dict[str, Any] = {}
+    if state is not None:
+        fb = state.frames
+        detector = {
+            "frames_analysed": rt.frames if rt else 0,
+            "mode": "steps" if fb.has_steps else ("time" if fb.time_mode else "undecided"),
+            "open_frames": len(fb.frames),
+            "pending_collectives": len(state.assembler.pending),
+            "inflight_collectives": len(state.assembler.inflight()),
+            "expired_collectives": state.assembler.expired,
+            "dropped_contributions": fb.dropped_contributions,
+            "late_steps": fb.late_steps,
+            "open_subjects": sorted(rt.open) if rt else [],
+        }
+    return JobDetail(
+        **base.model_dump(),
+        ranks=len(state.topology.ranks) if state else 0,
+        comms=len(state.topology.comms) if state else 0,
+        detector=detector,
+        ingest={
+            h.host: {
+                "envelopes": h.envelopes,
+                "accepted": h.records_accepted,
+                "duplicates": h.records_duplicate,
+                "rejected": h.records_rejected,
+                "last_seen_ns": h.last_seen_ns,
+            }
+            for h in hosts
+        },
+    )
+
+
+def ranks(
+    state: JobState, *, engine: DetectionEngine, incident_ranks: dict[int, str]
+) -> list[RankOut]:
+    rt = engine.peek(state.job)
+    with state.lock:
+        slot_rank = list(state.topology.slot_rank)
+        info = {r: (state.topology.ranks[r].host, state.topology.ranks[r].gpu) for r in slot_rank}
+        now = time.monotonic()
+        stale_hosts = {h for h in state.topology.hosts if state.host_stale(h, now)}
+    if rt is not None:
+        score, late = rt.pipeline.rank_view()
+    else:
+        score = late = np.zeros(0)
+    out: list[RankOut] = []
+    for slot, rank in enumerate(slot_rank):
+        host, gpu = info[rank]
+        s = float(score[slot]) if slot < score.size and np.isfinite(score[slot]) else None
+        lt = float(late[slot]) if slot < late.size and np.isfinite(late[slot]) else None
+        kind = incident_ranks.get(rank)
+        if kind == "hang":
+            st = "hung"
+        elif host is None or host in stale_hosts:
+            st = "stale"  # missing data is not failure
+        elif kind is not None:
+            st = "slow"
+        else:
+            st = "ok"
+        out.append(
+            RankOut(
+                rank=rank,
+                host=host,
+                gpu=gpu,
+                state=st,  # type: ignore[arg-type]
+                score=round(s, 4) if s is not None else None,
+                lateness_s=round(lt, 6) if lt is not None else None,
+            )
+        )
+    out.sort(key=lambda r: r.rank)
+    return out

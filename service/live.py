@@ -1,0 +1,85 @@
+"""Scrape-time samples of live state for :class:`service.metrics.LiveCollector`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import numpy as np
+from sqlalchemy import select
+
+from service.context import AppContext
+from service.incidents.models import Incident
+from service.jobs.views import SLOW_KINDS
+from service.metrics import JobSample
+
+
+def _open_incidents(ctx: AppContext) -> list[tuple[str, str, list[int]]]:
+    with ctx.sessions() as s:
+        rows = s.execute(
+            select(Incident.job_id, Incident.kind, Incident.ranks).where(Incident.state == "open")
+        ).all()
+    return [(j, k, list(r)) for j, k, r in rows]
+
+
+def open_by_kind(ctx: AppContext) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for _, kind, _ in _open_incidents(ctx):
+        out[kind] = out.get(kind, 0) + 1
+    return out
+
+
+def job_samples(ctx: AppContext) -> Iterator[JobSample]:
+    top_k = ctx.settings.detection.top_k
+    incidents = _open_incidents(ctx)
+    now = time.monotonic()
+    for state in ctx.jobs.all():
+        if not state.persisted:
+            continue
+        mine = [(k, r) for j, k, r in incidents if j == state.job]
+        kinds = {k for k, _ in mine}
+        in_incident = {rank for _, ranks in mine for rank in ranks}
+        rt = ctx.detection.peek(state.job)
+        view = rt.pipeline.job_view() if rt is not None and rt.pipeline.count else {}
+        with state.lock:
+            slot_rank = list(state.topology.slot_rank)
+            hosts = {r: state.topology.ranks[r].host for r in slot_rank}
+            stale_hosts = sum(1 for h in state.topology.hosts if state.host_stale(h, now))
+            n_hosts = len(state.topology.hosts)
+            pending = len(state.assembler.pending)
+            inflight = sum(1 for e in state.assembler.pending.values() if e.finished < e.reported)
+        if "hang" in kinds:
+            name = "hung"
+        elif state.is_stale(now):
+            name = "stale"
+        elif kinds & set(SLOW_KINDS):
+            name = "degraded"
+        else:
+            name = "healthy"
+        series: list[tuple[int, str, float | None, float | None]] = []
+        if rt is not None and slot_rank:
+            score, late = rt.pipeline.rank_view()
+            chosen = {s for s, r in enumerate(slot_rank) if r in in_incident and s < score.size}
+            if top_k and score.size:
+                finite = np.flatnonzero(np.isfinite(score[: len(slot_rank)]))
+                chosen |= set(finite[np.argsort(score[finite])[:top_k]].tolist())
+            for slot in sorted(chosen):
+                rank = slot_rank[slot]
+                sc = float(score[slot]) if np.isfinite(score[slot]) else None
+                lt = float(late[slot]) if np.isfinite(late[slot]) else None
+                series.append((rank, hosts[rank] or "", sc, lt))
+        yield JobSample(
+            job=state.job,
+            state=name,
+            step_time_s=view.get("step_time_s"),
+            baseline_step_time_s=view.get("baseline_step_time_s"),
+            slowdown=view.get("slowdown"),
+            ranks=len(slot_rank),
+            hosts=n_hosts,
+            stale_hosts=stale_hosts,
+            inflight=inflight,
+            pending=pending,
+            watermark_s=state.watermark_ns / 1e9,
+            records=state.records_total,
+            rank_series=series,
+        )

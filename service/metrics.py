@@ -1,0 +1,184 @@
+"""Prometheus metrics on an explicit registry (one per app; never the global one).
+
+Event metrics (counters, histograms) are updated where things happen; live state (jobs, ranks,
+open incidents) is read at scrape time by :class:`LiveCollector`, so it is never stale and costs
+nothing between scrapes. Per-rank series are bounded: only ranks in an open incident or in the
+top-K slowest of their job carry a ``rank`` label.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
+DELAY_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.records = Counter(
+            "failslow_ingest_records_total", "Telemetry records accepted.", ["kind"], registry=r
+        )
+        self.rejected = Counter(
+            "failslow_ingest_rejected_records_total",
+            "Records rejected inside valid envelopes, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.duplicates = Counter(
+            "failslow_ingest_duplicate_records_total", "Re-sent records ignored.", registry=r
+        )
+        self.requests = Counter(
+            "failslow_ingest_requests_total", "Ingest requests by HTTP status.", ["code"], registry=r
+        )
+        self.request_seconds = Histogram(
+            "failslow_ingest_request_duration_seconds", "Ingest request handling time.", registry=r
+        )
+        self.bytes = Counter(
+            "failslow_ingest_received_bytes_total",
+            "Ingest body bytes as received, by content encoding.",
+            ["encoding"],
+            registry=r,
+        )
+        self.detection_seconds = Histogram(
+            "failslow_detection_duration_seconds", "Time of one detection pass over one job.", registry=r
+        )
+        self.detection_runs = Counter(
+            "failslow_detection_runs_total", "Detection passes by outcome.", ["outcome"], registry=r
+        )
+        self.frames = Counter(
+            "failslow_detection_frames_total", "Frames (steps) analysed.", registry=r
+        )
+        self.delay = Histogram(
+            "failslow_detection_delay_seconds",
+            "Event-time delay from onset to detection of opened incidents.",
+            ["kind"],
+            buckets=DELAY_BUCKETS,
+            registry=r,
+        )
+        self.opened = Counter(
+            "failslow_incidents_opened_total", "Incidents opened.", ["kind"], registry=r
+        )
+        self.resolved = Counter(
+            "failslow_incidents_resolved_total", "Incidents resolved.", ["kind"], registry=r
+        )
+
+    def add(self, collector: Collector) -> None:
+        self.registry.register(collector)
+
+
+@dataclass(frozen=True, slots=True)
+class JobSample:
+    job: str
+    state: str
+    step_time_s: float | None
+    baseline_step_time_s: float | None
+    slowdown: float | None
+    ranks: int
+    hosts: int
+    stale_hosts: int
+    inflight: int
+    pending: int
+    watermark_s: float
+    records: int
+    rank_series: list[tuple[int, str, float | None, float | None]]  # rank, host, score, lateness
+
+
+class LiveCollector(Collector):
+    """Reads live state at scrape time through the two callables it is given."""
+
+    def __init__(
+        self,
+        *,
+        jobs: Callable[[], Iterable[JobSample]],
+        open_incidents: Callable[[], dict[str, int]],
+    ) -> None:
+        self._jobs = jobs
+        self._open = open_incidents
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())  # dynamic: nothing to pre-register
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        started = time.perf_counter()
+        ok = 1.0
+        step = GaugeMetricFamily("failslow_job_step_time_seconds", "Recent job step time.", labels=["job"])
+        base = GaugeMetricFamily(
+            "failslow_job_baseline_step_time_seconds", "Healthy step time before any incident.", labels=["job"]
+        )
+        slow = GaugeMetricFamily("failslow_job_slowdown_ratio", "Step time now / baseline.", labels=["job"])
+        state = GaugeMetricFamily("failslow_job_state", "1 for the job's current state.", labels=["job", "state"])
+        ranks = GaugeMetricFamily("failslow_job_ranks", "Ranks known.", labels=["job"])
+        hosts = GaugeMetricFamily("failslow_job_hosts", "Hosts known.", labels=["job"])
+        stale = GaugeMetricFamily("failslow_job_stale_hosts", "Hosts without recent envelopes.", labels=["job"])
+        inflight = GaugeMetricFamily(
+            "failslow_job_inflight_collectives", "Collectives with a member still inside.", labels=["job"]
+        )
+        pending = GaugeMetricFamily(
+            "failslow_job_pending_collectives", "Collectives being assembled.", labels=["job"]
+        )
+        wm = GaugeMetricFamily("failslow_job_watermark_seconds", "Event-time watermark.", labels=["job"])
+        score = GaugeMetricFamily(
+            "failslow_rank_score_ratio",
+            "Rank speed relative to peers (1 = typical); incident ranks and top-K slowest only.",
+            labels=["job", "rank", "host"],
+        )
+        lateness = GaugeMetricFamily(
+            "failslow_rank_lateness_seconds",
+            "Time peers waited for the rank per step; incident ranks and top-K slowest only.",
+            labels=["job", "rank", "host"],
+        )
+        jobs_by_state: dict[str, int] = {"healthy": 0, "degraded": 0, "hung": 0, "stale": 0}
+        open_by_kind = {k: 0 for k in ("slow_gpu", "slow_node", "slow_link", "hang", "job_slowdown")}
+        try:
+            for s in self._jobs():
+                if s.step_time_s is not None:
+                    step.add_metric([s.job], s.step_time_s)
+                if s.baseline_step_time_s is not None:
+                    base.add_metric([s.job], s.baseline_step_time_s)
+                if s.slowdown is not None:
+                    slow.add_metric([s.job], s.slowdown)
+                for name in jobs_by_state:
+                    state.add_metric([s.job, name], 1.0 if s.state == name else 0.0)
+                jobs_by_state[s.state] = jobs_by_state.get(s.state, 0) + 1
+                ranks.add_metric([s.job], s.ranks)
+                hosts.add_metric([s.job], s.hosts)
+                stale.add_metric([s.job], s.stale_hosts)
+                inflight.add_metric([s.job], s.inflight)
+                pending.add_metric([s.job], s.pending)
+                wm.add_metric([s.job], s.watermark_s)
+                for rank, host, sc, lt in s.rank_series:
+                    if sc is not None:
+                        score.add_metric([s.job, str(rank), host], sc)
+                    if lt is not None:
+                        lateness.add_metric([s.job, str(rank), host], lt)
+            open_by_kind.update(self._open())
+        except Exception:  # noqa: BLE001 - a scrape must not fail because of one job
+            log.exception("live metrics collection failed")
+            ok = 0.0
+        jobs = GaugeMetricFamily("failslow_jobs", "Jobs in memory by state.", labels=["state"])
+        for name, count in jobs_by_state.items():
+            jobs.add_metric([name], count)
+        incidents = GaugeMetricFamily("failslow_incidents_open", "Open incidents by kind.", labels=["kind"])
+        for kind, count in open_by_kind.items():
+            incidents.add_metric([kind], count)
+        yield from (step, base, slow, state, ranks, hosts, stale, inflight, pending, wm, score, lateness)
+        yield jobs
+        yield incidents
+        dur = GaugeMetricFamily(
+            "failslow_scrape_collector_duration_seconds", "Time to collect live metrics."
+        )
+        dur.add_metric([], time.perf_counter() - started)
+        yield dur
+        success = GaugeMetricFamily("failslow_scrape_collector_success", "1 if live collection worked.")
+        success.add_metric([], ok)
+        yield success

@@ -1,0 +1,1 @@
+"""Operations endpoints: liveness, readiness and Prometheus metrics."""

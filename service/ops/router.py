@@ -1,0 +1,35 @@
+"""``/healthz``, ``/readyz``, ``/metrics``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.concurrency import run_in_threadpool
+
+from service.auth import Role, check
+from service.context import CtxDep
+from service.db import check_ready
+from service.errors import Unavailable
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get("/healthz", summary="Process alive")
+def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz", summary="Storage reachable and migrations applied")
+async def readyz(ctx: CtxDep) -> dict[str, str]:
+    ok, reason = await run_in_threadpool(check_ready, ctx.engine)
+    if not ok:
+        raise Unavailable(reason)
+    return {"status": "ready"}
+
+
+@router.get("/metrics", summary="Prometheus text exposition", response_class=Response)
+async def metrics(request: Request, ctx: CtxDep) -> Response:
+    if not ctx.settings.auth.metrics_public:
+        check(request, ctx.settings.auth, Role.READ)
+    body = await run_in_threadpool(generate_latest, ctx.metrics.registry)
+    return Response(content=body, media_type=CONTENT_TYPE_LATEST)
