@@ -3,7 +3,9 @@
 Node-problem-detector's split: a *suspect frame* is a temporary event; an *open condition* is
 persistent. A subject opens when at least ``open_after`` of its last ``window`` frames were
 suspect (and the newest one is), and resolves after ``resolve_after`` consecutive frames without
-even the relaxed ("elevated") signal.
+even the relaxed ("elevated") signal. A subject that reopens within ``flap_window`` frames of
+resolving is flapping: each such reopen doubles the clean frames it needs to resolve (up to 8x),
+as route-flap damping does, so an intermittent fault stays one incident.
 """
 
 from __future__ import annotations
@@ -22,16 +24,24 @@ class Transitions:
 class ConditionTracker:
     """Vectorised over subjects (rank slots); state is O(1) per subject."""
 
-    def __init__(self, *, window: int, open_after: int, resolve_after: int) -> None:
+    MAX_FLAP_SHIFT = 3
+
+    def __init__(
+        self, *, window: int, open_after: int, resolve_after: int, flap_window: int | None = None
+    ) -> None:
         if not 1 <= open_after <= window <= 63:
             raise ValueError("need 1 <= open_after <= window <= 63")
         self.window = window
         self.open_after = open_after
         self.resolve_after = resolve_after
+        self.flap_window = 4 * resolve_after if flap_window is None else flap_window
         self.mask = np.uint64((1 << window) - 1)
+        self.frame = 0
         self.bits = np.zeros(0, dtype=np.uint64)
         self.open = np.zeros(0, dtype=bool)
         self.clean = np.zeros(0, dtype=np.int64)
+        self.flaps = np.zeros(0, dtype=np.int64)
+        self.resolved_at = np.zeros(0, dtype=np.int64)
 
     def ensure(self, n: int) -> None:
         extra = n - self.bits.size
@@ -39,6 +49,9 @@ class ConditionTracker:
             self.bits = np.concatenate([self.bits, np.zeros(extra, np.uint64)])
             self.open = np.concatenate([self.open, np.zeros(extra, bool)])
             self.clean = np.concatenate([self.clean, np.zeros(extra, np.int64)])
+            self.flaps = np.concatenate([self.flaps, np.zeros(extra, np.int64)])
+            never = np.full(extra, np.iinfo(np.int64).min // 2, np.int64)
+            self.resolved_at = np.concatenate([self.resolved_at, never])
 
     def seed_open(self, index: int) -> None:
         """Mark a subject open (an incident that was open before a restart)."""
@@ -53,14 +66,19 @@ class ConditionTracker:
         """Advance one frame. Absent subjects (no data) neither count as suspect nor as clean."""
         n = suspect.size
         self.ensure(n)
+        self.frame += 1
         bits = self.bits[:n]
         shifted = ((bits << np.uint64(1)) | suspect.astype(np.uint64)) & self.mask
         self.bits[:n] = np.where(present, shifted, bits)
         count = self.suspect_count()[:n]
         was_open = self.open[:n].copy()
         opening = ~was_open & present & suspect & (count >= self.open_after)
+        flapping = opening & (self.frame - self.resolved_at[:n] <= self.flap_window)
+        self.flaps[:n] = np.where(opening, np.where(flapping, self.flaps[:n] + 1, 0), self.flaps[:n])
         clean = np.where(present & was_open, np.where(elevated | suspect, 0, self.clean[:n] + 1), self.clean[:n])
-        resolving = was_open & (clean >= self.resolve_after)
+        needed = self.resolve_after << np.minimum(self.flaps[:n], self.MAX_FLAP_SHIFT)
+        resolving = was_open & (clean >= needed)
+        self.resolved_at[:n] = np.where(resolving, self.frame, self.resolved_at[:n])
         self.clean[:n] = np.where(opening | resolving, 0, clean)
         self.open[:n] = (was_open & ~resolving) | opening
         if resolving.any():

@@ -79,7 +79,8 @@ class JobPipeline:
         self.f_index = np.zeros(history, dtype=np.int64)
         self.f_start = np.zeros(history, dtype=np.int64)
         self.f_end = np.zeros(history, dtype=np.int64)
-        self.f_time = np.full(history, np.nan)
+        self.f_time = np.full(history, np.nan)  # job step time (NaN for time frames)
+        self.f_norm = np.full(history, np.nan)  # the frame's length, normaliser of lateness
         self.elevated = np.zeros((0, history), dtype=bool)
         self.suspect = np.zeros((0, history), dtype=bool)
         self.compute = np.zeros((0, history), dtype=np.float32)
@@ -126,7 +127,8 @@ class JobPipeline:
         self.f_index[p] = frame.index
         self.f_start[p] = frame.start_ns
         self.f_end[p] = frame.end_ns
-        self.f_time[p] = scores.frame_time
+        self.f_time[p] = scores.frame_time if frame.has_steps else np.nan
+        self.f_norm[p] = scores.frame_time
         self.elevated[:n, p] = scores.elevated
         self.suspect[:n, p] = scores.suspect
         self.compute[:n, p] = scores.compute
@@ -151,7 +153,7 @@ class JobPipeline:
             for slot, info in self.opened.items():
                 if slot not in trans.opened:
                     findings.append(self._finding("updated", slot, info, frame))
-        if not self.opened and np.isfinite(scores.frame_time):
+        if not self.opened and frame.has_steps and np.isfinite(scores.frame_time):
             self.baseline.append(scores.frame_time)
         return findings
 
@@ -179,10 +181,12 @@ class JobPipeline:
         comp_before = self.compute[slot, before]
         med = lambda a: float(np.nanmedian(a)) if np.isfinite(a).any() else float("nan")  # noqa: E731
         late_s = med(late)
-        frame_time = med(self.f_time[recent])
+        frame_time = med(self.f_norm[recent])
         ratio_now = med(ratio)
         own_now, own_before = med(comp_now), med(comp_before)
-        if np.isfinite(own_before) and own_before > 0 and np.isfinite(own_now) and np.isfinite(comp_before).sum() >= 3:
+        own_ok = np.isfinite(own_before) and own_before > 0 and np.isfinite(own_now)
+        # In time frames "compute" is a share of a fixed bucket, so only peer ratios are meaningful.
+        if frame.has_steps and own_ok and np.isfinite(comp_before).sum() >= 3:
             subject, basis = own_now / own_before, "own compute time now vs before onset"
         elif np.isfinite(ratio_now):
             subject, basis = ratio_now, "compute time vs role peers"
@@ -266,7 +270,7 @@ class JobPipeline:
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN rows are expected
             ratio = np.nanmedian(self.ratio[:, recent], axis=1)
             late = np.nanmean(self.late[:, recent], axis=1)
-            ft = np.nanmedian(self.f_time[recent])
+            ft = np.nanmedian(self.f_norm[recent])
         score = np.where(np.isfinite(ratio), 1.0 / ratio, np.nan)
         if not np.isfinite(ft) or ft <= 0:
             return score, late

@@ -83,9 +83,11 @@ class PeerLatenessDetector:
             compute = np.maximum(frame.step_time - frame.comm_time, 0.0)
             ratio = peer_ratio(compute, groups)
         else:
+            # A time bucket: each rank's time in it is either communication or not, so the
+            # bucket length minus time inside collectives stands in for compute time.
             frame_time = (frame.end_ns - frame.start_ns) * 1e-9
-            compute = np.full(frame.n, np.nan)
-            ratio = np.full(frame.n, np.nan)
+            compute = np.where(present, np.maximum(frame_time - frame.comm_time, 0.0), np.nan)
+            ratio = peer_ratio(compute, groups)
         if not np.isfinite(frame_time) or frame_time <= 0:
             frame_time = np.nan
         late_fraction = late / frame_time

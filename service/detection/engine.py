@@ -148,7 +148,7 @@ class DetectionEngine:
                 completed = state.assembler.take_ready()
                 state.frames.add_collectives(completed)
                 n = state.topology.n_slots
-                closed = state.frames.advance(state.watermark_ns, n, flush=flush)
+                closed = state.frames.advance(state.watermark_ns, n, flush=flush, world=state.topology.world_size)
                 state.assembler.expire(state.watermark_ns)
                 state.new_data = False
                 if rt.groups is None or rt.groups_version != state.topology.version:

@@ -31,16 +31,17 @@ def _normalise(raw: str) -> str | None:
     for prefix in _PREFIXES:
         if key.startswith(prefix) and key != prefix:
             key = key[len(prefix) :]
-    changed = True
-    while changed and key not in OPS:
-        changed = False
+    while True:
+        if key in OPS:
+            return key
+        if key in _ALIASES:
+            return _ALIASES[key]
         for suffix in _SUFFIXES:
             if key.endswith(suffix) and len(key) > len(suffix):
                 key = key[: -len(suffix)]
-                changed = True
                 break
-    key = _ALIASES.get(key, key)
-    return key if key in OPS else None
+        else:
+            return None
 
 
 _OP_CACHE: dict[str, str | None] = {}

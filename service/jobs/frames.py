@@ -211,11 +211,12 @@ class FrameBuilder:
         st = self.step_start[slot]
         en = self.step_end[slot]
         ids = self.step_id[slot]
-        match = (ids >= 0) & (start[:, None] >= st) & (start[:, None] <= en)
+        # Steps are half-open [start, end): an op starting at a boundary opens the next step.
+        match = (ids >= 0) & (start[:, None] >= st) & (start[:, None] < en)
         found = match.any(axis=1)
         frame_ids = np.where(found, ids[np.arange(ids.shape[0]), match.argmax(axis=1)], -1)
         newest_end = np.where(ids >= 0, en, np.iinfo(np.int64).min).max(axis=1)
-        waiting = ~found & (start > newest_end)
+        waiting = ~found & (start >= newest_end)
         usable = found & (frame_ids > self.last_closed)
         self.dropped_contributions += int((~usable & ~waiting).sum())
         self._accumulate(
@@ -262,8 +263,15 @@ class FrameBuilder:
             acc.collectives += int(sel.sum())
 
     # -- closing -------------------------------------------------------------------------------
-    def advance(self, watermark_ns: int, n_slots: int, *, flush: bool = False) -> list[Frame]:
-        """Attribute queued contributions and close every frame that is due, oldest first."""
+    def advance(
+        self, watermark_ns: int, n_slots: int, *, flush: bool = False, world: int | None = None
+    ) -> list[Frame]:
+        """Attribute queued contributions and close every frame that is due, oldest first.
+
+        A step frame is complete once as many ranks reported it as reported the previous one
+        (for the first frame: the announced world size); otherwise it closes ``grace`` after its
+        last record in event time.
+        """
         if (
             not self.has_steps
             and not self.time_mode
@@ -278,7 +286,8 @@ class FrameBuilder:
             if self.time_mode and not self.has_steps:
                 due = flush or watermark_ns >= acc.end_ns + self.grace_ns
             else:
-                complete = self.last_closed >= 0 and acc.reported >= self.reporters > 0
+                expected = self.reporters if self.last_closed >= 0 else (world or 0)
+                complete = expected > 0 and acc.reported >= expected
                 due = flush or complete or watermark_ns >= acc.end_ns + self.grace_ns
             if not due and len(self.frames) - len(closed) > self.max_open_frames:
                 due = True  # bound memory: close the oldest early

@@ -1,0 +1,37 @@
+"""Shared fixtures: isolated settings, a real app on a temporary SQLite database."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from service.settings import DetectionSettings, Settings
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests never see the developer's FAILSLOW_* variables."""
+    for key in list(os.environ):
+        if key.startswith("FAILSLOW_"):
+            monkeypatch.delenv(key)
+
+
+@pytest.fixture
+def db_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/failslow.db"
+
+
+@pytest.fixture
+def settings(db_url: str) -> Settings:
+    return Settings(database_url=db_url, detection=DetectionSettings(interval_s=0.05))
+
+
+@pytest.fixture
+def client(settings: Settings) -> Iterator[TestClient]:
+    with TestClient(create_app(settings)) as c:
+        yield c

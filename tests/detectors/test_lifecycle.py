@@ -1,0 +1,65 @@
+import numpy as np
+
+from detectors.lifecycle import ConditionTracker, run_start
+
+
+def feed(tracker: ConditionTracker, flags: list[bool], elevated: list[bool] | None = None) -> list[tuple[int, str]]:
+    events = []
+    for i, f in enumerate(flags):
+        e = elevated[i] if elevated is not None else f
+        tr = tracker.update(np.array([f]), np.array([e]), np.array([True]))
+        events += [(i, "open") for _ in tr.opened] + [(i, "resolve") for _ in tr.resolved]
+    return events
+
+
+def test_opens_only_after_persistence() -> None:
+    t = ConditionTracker(window=5, open_after=4, resolve_after=3)
+    assert feed(t, [True, False, True, True]) == []
+    t = ConditionTracker(window=5, open_after=4, resolve_after=3)
+    assert feed(t, [True, True, True, True]) == [(3, "open")]
+
+
+def test_single_spikes_never_open() -> None:
+    t = ConditionTracker(window=5, open_after=4, resolve_after=3)
+    assert feed(t, [True, False, False, False] * 10) == []
+
+
+def test_hysteresis_uses_the_relaxed_signal() -> None:
+    t = ConditionTracker(window=5, open_after=4, resolve_after=3)
+    flags = [True] * 4 + [False] * 6
+    elevated = [True] * 4 + [True, True, False, False, False, False]
+    assert feed(t, flags, elevated) == [(3, "open"), (8, "resolve")]
+
+
+def test_absent_subjects_neither_open_nor_resolve() -> None:
+    t = ConditionTracker(window=3, open_after=2, resolve_after=2)
+    yes, no = np.array([True]), np.array([False])
+    t.update(yes, yes, yes)
+    assert t.update(yes, yes, yes).opened.tolist() == [0]
+    for _ in range(5):
+        tr = t.update(no, no, no)  # no data: stays open
+        assert tr.resolved.size == 0
+    assert t.open[0]
+
+
+def test_seeded_subject_resolves_when_clean() -> None:
+    t = ConditionTracker(window=3, open_after=2, resolve_after=2)
+    t.seed_open(4)
+    no = np.zeros(5, bool)
+    t.update(no, no, np.ones(5, bool))
+    assert t.update(no, no, np.ones(5, bool)).resolved.tolist() == [4]
+
+
+def test_run_start_tolerates_one_gap() -> None:
+    assert run_start(np.array([False, False, True, True, False, True, True])) == 2
+    assert run_start(np.array([True, False, False, True, True])) == 3
+    assert run_start(np.array([True, True, False])) == 0
+    assert run_start(np.array([False, False])) == 1
+
+
+def test_flapping_subject_needs_longer_to_resolve() -> None:
+    t = ConditionTracker(window=3, open_after=2, resolve_after=3, flap_window=20)
+    on, off = [True] * 3, [False] * 5
+    events = feed(t, on + off + on + off + off)
+    # first burst opens and resolves after 3 clean frames; the reopen within 20 frames needs 6
+    assert events == [(1, "open"), (5, "resolve"), (9, "open"), (16, "resolve")]

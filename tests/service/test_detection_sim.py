@@ -1,0 +1,92 @@
+"""The first detector on simulated jobs: right rank, dated onset, no false incidents.
+
+Seeded simulations pin exact onset and detection steps: a change in behaviour shows up here.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from agents.simulator import Fault, Layout, Scenario
+from agents.simulator.engine import Noise
+from tests.simrun import run
+
+NOISY = Noise(checkpoint_every=40, checkpoint_s=1.0, spike_prob=0.05)
+SMALL = Layout(tp=2, pp=2, dp=4, gpus_per_host=4)
+
+
+def scenario(*faults: Fault, layout: Layout = SMALL, steps: int = 120, seed: int = 1) -> Scenario:
+    return Scenario(layout=layout, steps=steps, noise=NOISY, faults=faults, seed=seed)
+
+
+def test_healthy_noisy_job_raises_nothing() -> None:
+    r = run(scenario(steps=160))
+    assert r.findings == []
+    assert r.frames == 160
+
+
+@pytest.mark.parametrize("factor", [1.1, 1.2, 1.5, 3.0])
+def test_slow_gpu_is_found_dated_and_sized(factor: float) -> None:
+    r = run(scenario(Fault("slow_gpu", 50, factor=factor, ranks=(6,))))
+    opened = r.opened()
+    assert [rank for rank, _ in opened] == [6]
+    f = opened[0][1]
+    assert f.onset_index == 50
+    assert f.detected_index == 53  # 4 suspect frames of 5
+    assert f.subject_slowdown == pytest.approx(factor, rel=0.03)
+    assert f.slowdown is not None and 1.0 < f.slowdown <= factor * 1.05
+    assert f.detected_ns > f.onset_ns
+
+
+def test_recovery_resolves_after_hysteresis() -> None:
+    r = run(scenario(Fault("slow_gpu", 40, 80, factor=1.5, ranks=(3,))))
+    assert [(rank, f.onset_index) for rank, f in r.opened()] == [(3, 40)]
+    assert [(rank, f.detected_index) for rank, f in r.resolved()] == [(3, 87)]
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        Fault("slow_node", 40, factor=1.5, hosts=("node-001",)),
+        Fault("job_slowdown", 40, factor=1.5),
+        Fault("slow_nic", 40, factor=4.0, hosts=("node-002",)),
+        Fault("slow_link", 40, factor=4.0, hosts=("node-000", "node-002")),
+    ],
+    ids=lambda f: f.kind,
+)
+def test_other_faults_do_not_blame_a_gpu(fault: Fault) -> None:
+    assert run(scenario(fault)).opened() == []
+
+
+@pytest.mark.parametrize(
+    "layout,rank",
+    [
+        (Layout(tp=1, pp=1, dp=8, gpus_per_host=4), 5),  # pure data parallel
+        (Layout(tp=1, pp=4, dp=2, gpus_per_host=4), 5),  # pipeline: its replica waits too
+        (Layout(tp=4, pp=1, dp=2, gpus_per_host=4), 6),  # tensor parallel inside a host
+    ],
+    ids=["dp", "dp-pp", "tp-dp"],
+)
+def test_layouts(layout: Layout, rank: int) -> None:
+    r = run(scenario(Fault("slow_gpu", 50, factor=1.3, ranks=(rank,)), layout=layout))
+    assert [(rk, f.onset_index) for rk, f in r.opened()] == [(rank, 50)]
+
+
+def test_intermittent_fault_is_reported_once() -> None:
+    r = run(scenario(Fault("slow_gpu", 40, factor=1.5, ranks=(9,), period=10), steps=140))
+    assert {rank for rank, _ in r.opened()} == {9}
+    assert len(r.opened()) <= 2  # flap damping: after one reopen it stays open through the gaps
+
+
+def test_without_step_records_time_frames_still_find_the_rank() -> None:
+    r = run(scenario(Fault("slow_gpu", 50, factor=1.5, ranks=(10,)), layout=Layout(tp=1, pp=4, dp=4, gpus_per_host=4)),
+            strip_steps=True)
+    assert [rank for rank, _ in r.opened()] == [10]
+    f = r.opened()[0][1]
+    assert f.onset_index is None and f.has_steps is False
+    assert f.detected_ns > f.onset_ns
+
+
+def test_64_rank_default_layout() -> None:
+    r = run(Scenario(steps=90, noise=NOISY, faults=(Fault("slow_gpu", 50, factor=1.5, ranks=(37,)),)))
+    assert [(rk, f.onset_index, f.detected_index) for rk, f in r.opened()] == [(37, 50, 53)]
