@@ -22,9 +22,9 @@ def list_all(
     return [incidents.to_out(r) for r in incidents.list_incidents(session, state=state)]
 
 
-@router.get("/{incident_id}", response_model=IncidentOut, dependencies=[ReadAuth], summary="One incident")
-def get_one(incident_id: Annotated[str, Path(max_length=40)], session: SessionDep) -> IncidentOut:
-    row = incidents.get_incident(session, incident_id=incident_id)
+@router.get("/{id}", response_model=IncidentOut, dependencies=[ReadAuth], summary="One incident")
+def get_one(id: Annotated[str, Path(max_length=40)], session: SessionDep) -> IncidentOut:  # noqa: A002
+    row = incidents.get_incident(session, incident_id=id)
     if row is None:
-        raise NotFound(f"no incident {incident_id!r}")
+        raise NotFound(f"no incident {id!r}")
     return incidents.to_out(row)
