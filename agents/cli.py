@@ -98,6 +98,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from agents.demo import register as register_demo
+
+    register_demo(sub)
     p = sub.add_parser("agent", help="run a node agent")
     p.add_argument("--service", required=True, help="service URL, e.g. http://10.0.0.5:8000")
     p.add_argument("--job", required=True)

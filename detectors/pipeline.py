@@ -64,7 +64,8 @@ class JobPipeline:
         open_after: int = 4,
         resolve_after: int = 8,
         warmup_frames: int = 5,
-        baseline_frames: int = 50,
+        baseline_frames: int = 500,
+        baseline_block: int = 10,
         history: int = 64,
         update_every: int = 5,
     ) -> None:
@@ -86,7 +87,13 @@ class JobPipeline:
         self.compute = np.zeros((0, history), dtype=np.float32)
         self.late = np.zeros((0, history), dtype=np.float32)
         self.ratio = np.zeros((0, history), dtype=np.float32)
-        self.baseline: deque[float] = deque(maxlen=baseline_frames)
+        # Baseline: the fastest sustained step time recently seen. Faults only slow a job down, so
+        # the minimum over block medians ignores them (and checkpoint stalls) without needing to
+        # know when they happened; a lasting legitimate slow-down is adopted once the faster
+        # blocks age out of the window.
+        self.block = baseline_block
+        self._block: list[float] = []
+        self.blocks: deque[float] = deque(maxlen=max(1, baseline_frames // baseline_block))
         self.opened: dict[int, _Open] = {}
         self.has_steps = True
         self.last_scores: FrameScores | None = None
@@ -153,9 +160,16 @@ class JobPipeline:
             for slot, info in self.opened.items():
                 if slot not in trans.opened:
                     findings.append(self._finding("updated", slot, info, frame))
-        if not self.opened and frame.has_steps and np.isfinite(scores.frame_time):
-            self.baseline.append(scores.frame_time)
+        if frame.has_steps and np.isfinite(scores.frame_time):
+            self._block.append(scores.frame_time)
+            if len(self._block) >= self.block:
+                self.blocks.append(float(np.median(self._block)))
+                self._block = []
         return findings
+
+    def baseline(self) -> float:
+        """Healthy job step time (NaN until one block of frames after warm-up was seen)."""
+        return min(self.blocks) if self.blocks else float("nan")
 
     def _open(self, slot: int, frame: Frame) -> Finding:
         pos = self._positions(0)
@@ -195,7 +209,7 @@ class JobPipeline:
         else:
             subject, basis = float("nan"), "unknown"
         job_now = med(self.f_time[since[-max(self.window, 1):]] if since.size else self.f_time[recent])
-        base = float(np.median(self.baseline)) if len(self.baseline) >= 3 else float("nan")
+        base = self.baseline()
         slowdown = job_now / base if np.isfinite(base) and base > 0 else float("nan")
         late_fraction = late_s / frame_time if frame_time and np.isfinite(frame_time) else float("nan")
         suspects = int(self.tracker.suspect_count()[slot]) if slot < self.tracker.bits.size else 0
@@ -252,7 +266,7 @@ class JobPipeline:
         recent = self._positions(self.count - self.window)
         times = self.f_time[recent]
         now = float(np.nanmedian(times)) if np.isfinite(times).any() else float("nan")
-        base = float(np.median(self.baseline)) if len(self.baseline) >= 3 else float("nan")
+        base = self.baseline()
         last = (self.count - 1) % self.h
         return {
             "step": int(self.f_index[last]) if self.has_steps else None,

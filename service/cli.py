@@ -107,13 +107,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     register_agent_commands(sub)
 
-    p = sub.add_parser("demo", help="service + simulated 64-rank job with injected faults, live")
-    p.add_argument("--port", type=int, default=int(os.environ.get("FAILSLOW_DEMO_PORT", "8000")))
-    p.add_argument("--seconds", type=float, default=0, help="stop after this long (0 = run the story)")
-    p.add_argument("--workdir", default="var/demo", help="where the demo keeps its files")
-    p.add_argument("--fast", action="store_true", help="shorter story (for tests)")
-    p.set_defaults(func=lambda a: __import__("service.demo", fromlist=["run"]).run(a))
-
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -143,7 +143,9 @@ class DetectionSettings(BaseModel):
         default=5, ge=0, description="Frames ignored at job start (compilation, warm-up)."
     )
     baseline_frames: int = Field(
-        default=50, ge=3, description="Healthy frames whose median step time is the baseline."
+        default=500,
+        ge=10,
+        description="Baseline = fastest 10-step median step time within this many recent frames.",
     )
     top_k: int = Field(
         default=5, ge=0, description="Slowest ranks per job exported with a rank label."

@@ -1,0 +1,310 @@
+"""``failslow demo``: a real service, real agents (one per host), and a simulated 64-rank job
+streamed in real time, with a slow GPU and later a slow NIC injected. Ctrl-C stops everything.
+
+The service and the agents run as separate processes, exactly as in production; this process
+plays the training job: it runs the simulator against the wall clock and hands each host's
+records to that host's agent through the SDK.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agents.sdk import Recorder
+from agents.simulator import Fault, Layout, Scenario
+from agents.simulator.engine import Noise
+
+JOB = "demo-llm-64"
+BOLD, DIM, RED, GREEN, YELLOW, RESET = "\033[1m", "\033[2m", "\033[31m", "\033[32m", "\033[33m", "\033[0m"
+
+
+def story(fast: bool) -> Scenario:
+    layout = Layout(tp=4, pp=2, dp=8, gpus_per_host=8)
+    if fast:
+        steps, gpu, nic = 75, (20, 50), (55, None)
+    else:
+        steps, gpu, nic = 200, (30, 90), (120, 180)
+    return Scenario(
+        job=JOB,
+        layout=layout,
+        steps=steps,
+        noise=Noise(checkpoint_every=50, checkpoint_s=1.0, spike_prob=0.02),
+        faults=(
+            Fault("slow_gpu", gpu[0], gpu[1], factor=1.6, ranks=(13,)),
+            Fault("slow_nic", nic[0], nic[1], factor=6.0, hosts=("node-005",)),
+        ),
+        seed=7,
+    )
+
+
+class Terminal:
+    def __init__(self) -> None:
+        self.tty = sys.stdout.isatty()
+        self.last_status = 0.0
+
+    def c(self, code: str, text: str) -> str:
+        return f"{code}{text}{RESET}" if self.tty else text
+
+    def line(self, text: str) -> None:
+        if self.tty:
+            sys.stdout.write("\r\033[K")
+        print(text, flush=True)
+
+    def status(self, text: str) -> None:
+        if self.tty:
+            sys.stdout.write("\r\033[K" + text)
+            sys.stdout.flush()
+        elif time.monotonic() - self.last_status >= 5:
+            print(text, flush=True)
+            self.last_status = time.monotonic()
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def _pick_port(preferred: int) -> int:
+    if _free(preferred):
+        return preferred
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Demo:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.term = Terminal()
+        self.work = Path(args.workdir).resolve()
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.recorders: dict[str, Recorder] = {}
+        self.http = httpx.Client(timeout=2.0)
+        self.seen: dict[str, str] = {}
+        self.incidents: list[dict[str, Any]] = []
+
+    # -- processes ---------------------------------------------------------------------------
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        log = open(self.work / "logs" / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def start(self) -> None:
+        if self.work.exists():
+            shutil.rmtree(self.work)
+        for sub in ("logs", "agents", "sock"):
+            (self.work / sub).mkdir(parents=True)
+        self.port = _pick_port(self.args.port)
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ)
+        env.update({
+            "FAILSLOW_DATABASE_URL": f"sqlite:///{self.work}/failslow.db",
+            "FAILSLOW_DETECTION__INTERVAL_S": "0.2",
+            "PYTHONUNBUFFERED": "1",
+        })
+        cli = [sys.executable, "-m", "service.cli"]
+        self.term.line(self.term.c(BOLD, "failslow demo") + f": service on {self.url}, logs in {self.work}/logs")
+        self._spawn("service", cli + ["serve", "--port", str(self.port)], env)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.procs[0].poll() is not None:
+                raise SystemExit(f"the service exited; see {self.work}/logs/service.log")
+            with contextlib.suppress(httpx.HTTPError):
+                if self.http.get(self.url + "/readyz").status_code == 200:
+                    break
+            time.sleep(0.1)
+        else:
+            raise SystemExit("the service did not become ready in 60 s")
+        self.scenario = replace(story(self.args.fast), t0_ns=time.time_ns())
+        lay = self.scenario.layout
+        for host in lay.hosts:
+            sock = str(self.work / "sock" / f"{host}.sock")
+            self._spawn(f"agent-{host}", cli + [
+                "agent", "--service", self.url, "--job", JOB, "--host", host, "--socket", sock,
+                "--state-dir", str(self.work / "agents" / host), "--flush-interval", "0.5", "--no-fsync",
+            ], env)
+            rec = Recorder(JOB, socket_path=sock, flush_interval_s=0.05)
+            for r in self.scenario.host_ranks(host):
+                rec.register_rank(r["rank"], gpu=r["gpu"], world_size=r["world_size"])
+            for c in self.scenario.host_comms(host):
+                rec.register_comm(c["comm"], c["kind"], c["ranks"])
+            self.recorders[host] = rec
+        self.term.line(
+            f"{len(lay.hosts)} node agents started; simulated job {BOLD if self.term.tty else ''}{JOB}"
+            f"{RESET if self.term.tty else ''}: {lay.world} ranks (TP={lay.tp} x PP={lay.pp} x DP={lay.dp}), "
+            f"{self.scenario.steps} steps"
+        )
+
+    def stop(self) -> None:
+        for rec in self.recorders.values():
+            rec.close(timeout_s=2)
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        self.http.close()
+
+    # -- the story -------------------------------------------------------------------------------
+    def describe_fault(self, f: Fault) -> str:
+        lay = self.scenario.layout
+        if f.kind == "slow_gpu":
+            r = f.ranks[0]
+            return f"slow GPU: rank {r} (GPU {lay.gpu(r)} on {lay.host(r)}) computes {f.factor:g}x slower"
+        if f.kind == "slow_nic":
+            return f"slow NIC: {f.hosts[0]}'s network link is {f.factor:g}x slower"
+        return f"{f.kind} {f.ranks or f.hosts} x{f.factor:g}"
+
+    def play(self) -> None:
+        sim = self.scenario.simulation()
+        hosts = self.scenario.layout.hosts
+        start = time.monotonic()
+        announced: set[int] = set()
+        ended: set[int] = set()
+        next_poll = 0.0
+        records = 0
+        while not sim.done:
+            now = time.monotonic() - start
+            sim.run_until(now)
+            for host_idx, rec in sim.drain(now):
+                r = self.recorders[hosts[host_idx]]
+                if rec[0] == "c":
+                    _, rank, comm, seq, op, nbytes, s, e, peer = rec
+                    r.record_collective(rank=rank, comm=comm, seq=seq, op=op, nbytes=nbytes, start_ns=s, end_ns=e, peer=peer)
+                else:
+                    _, rank, step, s, e = rec
+                    r.record_step(rank=rank, step=step, start_ns=s, end_ns=e)
+                records += 1
+            for i, f in enumerate(self.scenario.faults):
+                if i in sim.fault_onset and i not in announced:
+                    announced.add(i)
+                    self.term.line(self.term.c(YELLOW, f"[{now:6.1f}s] >> injected at step {f.start_step}: {self.describe_fault(f)}"))
+                if i in sim.fault_end and i not in ended:
+                    ended.add(i)
+                    self.term.line(self.term.c(YELLOW, f"[{now:6.1f}s] >> cleared at step {f.end_step}: {f.kind} is gone"))
+            if now >= next_poll:
+                next_poll = now + 1.0
+                self.poll(now, records)
+            if self.args.seconds and now > self.args.seconds:
+                break
+            time.sleep(0.02)
+        for rec in self.recorders.values():
+            rec.flush(timeout_s=5)
+        end = time.monotonic() + 4
+        while time.monotonic() < end:  # let the agents deliver and detection catch up
+            self.poll(time.monotonic() - start, records)
+            time.sleep(0.5)
+
+    def poll(self, now: float, records: int) -> None:
+        try:
+            job = self.http.get(f"{self.url}/v1/jobs/{JOB}").json()
+            incidents = self.http.get(f"{self.url}/v1/jobs/{JOB}/incidents").json()
+        except (httpx.HTTPError, ValueError):
+            self.term.status(f"[{now:6.1f}s] waiting for the service...")
+            return
+        if "job" not in job:
+            self.term.status(f"[{now:6.1f}s] waiting for the first envelopes...")
+            return
+        for inc in incidents:
+            before = self.seen.get(inc["id"])
+            if before == inc["state"]:
+                continue
+            self.seen[inc["id"]] = inc["state"]
+            delay = (inc["detected_ns"] - inc["onset_ns"]) / 1e9
+            if inc["state"] == "open" or before is None:
+                steps = ""
+                if inc["onset_step"] is not None and inc["detected_step"] is not None:
+                    steps = f", {inc['detected_step'] - inc['onset_step']} steps"
+                self.term.line(self.term.c(RED, f"[{now:6.1f}s] ** INCIDENT {inc['kind']} opened: {inc['summary']}"))
+                self.term.line(f"          detected {delay:.1f} s{steps} after onset; confidence {inc['confidence']:.2f}; GET /v1/incidents/{inc['id']}")
+            if inc["state"] == "resolved":
+                self.term.line(self.term.c(GREEN, f"[{now:6.1f}s] ** INCIDENT {inc['kind']} resolved (ranks {inc['ranks']}) at step {inc['resolved_step']}"))
+        self.incidents = incidents
+        base = job.get("baseline_step_time_s")
+        st = job.get("step_time_s")
+        slow = job.get("slowdown")
+        text = f"[{now:6.1f}s] step {job.get('step')}"
+        if st:
+            text += f"  step time {st:.3f}s"
+        if base and slow:
+            pct = round((slow - 1) * 100)
+            text += f" (baseline {base:.3f}s, {pct:+d}%)"
+        text += f"  records sent {records:,}  state {job['state']}  open incidents {job['open_incidents']}"
+        self.term.status(text)
+
+    def report(self) -> int:
+        self.term.line("")
+        gpu = [i for i in self.incidents if i["kind"] == "slow_gpu"]
+        ok = [i for i in gpu if i["ranks"] == [13]]
+        false = [i for i in self.incidents if i not in ok]
+        if ok:
+            d = (ok[0]["detected_ns"] - ok[0]["onset_ns"]) / 1e9
+            self.term.line(self.term.c(GREEN, f"OK: the injected slow GPU (rank 13) was found {d:.1f} s after its onset."))
+        else:
+            self.term.line(self.term.c(RED, "the injected slow GPU was NOT reported"))
+        if false:
+            self.term.line(f"other incidents: {[(i['kind'], i['ranks'], i['hosts']) for i in false]}")
+        else:
+            self.term.line("No GPU was blamed for the slow NIC: it is a communication fault, not a compute straggler.")
+        self.term.line(
+            f"\nLook next (while it runs, or later with `failslow serve --database-url sqlite:///{self.work}/failslow.db`):\n"
+            f"  {self.url}/docs                       the API, live\n"
+            f"  {self.url}/metrics                    Prometheus metrics\n"
+            f"  curl {self.url}/v1/jobs/{JOB}/incidents\n"
+            f"  curl {self.url}/v1/jobs/{JOB}/ranks"
+        )
+        return 0 if ok and not false else 1
+
+
+def run(args: argparse.Namespace) -> int:
+    demo = Demo(args)
+    interrupted = False
+    try:
+        demo.start()
+        demo.play()
+        code = demo.report()
+        if args.linger:
+            demo.term.line(f"\nThe service stays up for {args.linger:.0f} s (Ctrl-C to stop now).")
+            time.sleep(args.linger)
+        return code
+    except KeyboardInterrupt:
+        interrupted = True
+        demo.term.line("\ninterrupted: stopping the agents and the service...")
+        return 130
+    finally:
+        demo.stop()
+        if interrupted:
+            demo.term.line("stopped cleanly.")
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("demo", help="service + agents + a simulated 64-rank job with injected faults, live")
+    p.add_argument("--port", type=int, default=int(os.environ.get("FAILSLOW_DEMO_PORT", "8000")))
+    p.add_argument("--workdir", default="var/demo", help="where the demo keeps its database and logs")
+    p.add_argument("--fast", action="store_true", help="a 35-second story instead of 90")
+    p.add_argument("--seconds", type=float, default=0, help="stop the story after this long")
+    p.add_argument("--linger", type=float, default=0, help="keep the service up this long afterwards")
+    p.set_defaults(func=run)
