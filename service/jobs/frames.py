@@ -20,6 +20,7 @@ from service.jobs.assembly import Completed, Outcome
 
 NK = len(KINDS)
 NS = 1e-9
+NEVER = np.iinfo(np.int64).min
 
 
 @dataclass(slots=True)
@@ -33,6 +34,8 @@ class _FrameAcc:
     calls: np.ndarray
     start_ns: int
     end_ns: int
+    starts: np.ndarray  # per slot: this step's start on the rank's clock (-1 = not reported)
+    ends: np.ndarray
     reported: int = 0
     collectives: int = 0
 
@@ -48,12 +51,16 @@ class _FrameAcc:
             np.zeros((n, NK)),
             start_ns,
             end_ns,
+            np.full(n, -1, dtype=np.int64),
+            np.full(n, -1, dtype=np.int64),
         )
 
     def grow(self, n: int) -> None:
         if n <= self.n:
             return
         extra = n - self.n
+        self.starts = np.concatenate([self.starts, np.full(extra, -1, dtype=np.int64)])
+        self.ends = np.concatenate([self.ends, np.full(extra, -1, dtype=np.int64)])
         self.step_time = np.concatenate([self.step_time, np.full(extra, np.nan)])
         self.comm = np.concatenate([self.comm, np.zeros(extra)])
         self.wait = np.concatenate([self.wait, np.zeros(extra)])
@@ -110,9 +117,10 @@ class FrameBuilder:
         self.max_queued = max_queued
         self.cap = 0
         self.step_id = np.empty((0, ring), dtype=np.int64)
-        self.step_start = np.empty((0, ring), dtype=np.int64)
+        self.step_start = np.empty((0, ring), dtype=np.int64)  # start/end only to compare re-sends
         self.step_end = np.empty((0, ring), dtype=np.int64)
         self.max_step = np.empty(0, dtype=np.int64)
+        self.newest_end = np.empty(0, dtype=np.int64)  # per slot: end of its newest step record
         self.frames: dict[int, _FrameAcc] = {}
         self.queue = _Contrib()
         self.has_steps = False
@@ -134,6 +142,7 @@ class FrameBuilder:
         self.step_start = np.vstack([self.step_start, np.zeros((extra, self.ring), np.int64)])
         self.step_end = np.vstack([self.step_end, np.zeros((extra, self.ring), np.int64)])
         self.max_step = np.concatenate([self.max_step, np.full(extra, -1, dtype=np.int64)])
+        self.newest_end = np.concatenate([self.newest_end, np.full(extra, NEVER, dtype=np.int64)])
         self.cap = new
 
     # -- input -------------------------------------------------------------------------------
@@ -148,13 +157,19 @@ class FrameBuilder:
             raise RecordError("conflicting re-send of a stored record")
         if rec.step <= self.max_step[slot] - self.ring:
             return Outcome.DUPLICATE  # older than the ring: treated as a re-send
-        j = rec.step % self.ring
+        j = rec.step % self.ring  # the ring only remembers recent steps to recognise re-sends
         self.step_id[slot, j] = rec.step
         self.step_start[slot, j] = rec.start_ns
         self.step_end[slot, j] = rec.end_ns
         self.max_step[slot] = max(self.max_step[slot], rec.step)
+        self.newest_end[slot] = max(self.newest_end[slot], rec.end_ns)
+        if self.time_mode:
+            # Step records after all: drop the time buckets and number frames by step.
+            self.frames.clear()
+            self.time_mode = False
+            self.last_closed = -1
+            self.reporters = 0
         self.has_steps = True
-        self.time_mode = False
         self.steps_seen += 1
         if self.first_record_ns is None:
             self.first_record_ns = rec.start_ns
@@ -168,6 +183,8 @@ class FrameBuilder:
         if np.isnan(acc.step_time[slot]):
             acc.reported += 1
         acc.step_time[slot] = (rec.end_ns - rec.start_ns) * NS
+        acc.starts[slot] = rec.start_ns
+        acc.ends[slot] = rec.end_ns
         acc.start_ns = min(acc.start_ns, rec.start_ns)
         acc.end_ns = max(acc.end_ns, rec.end_ns)
         return Outcome.NEW
@@ -193,6 +210,10 @@ class FrameBuilder:
                 self.first_record_ns = int(starts.min())
 
     # -- attribution ---------------------------------------------------------------------------
+    def attribute(self, n_slots: int) -> None:
+        """Move queued contributions into their frames (those whose step is known)."""
+        self._attribute(n_slots)
+
     def _attribute(self, n_slots: int) -> None:
         taken = self.queue.take()
         if taken is None:
@@ -208,19 +229,24 @@ class FrameBuilder:
             self._requeue(slot, start, dur, late, wait, kind)
             return
         self.ensure(n_slots)
-        st = self.step_start[slot]
-        en = self.step_end[slot]
-        ids = self.step_id[slot]
-        # Steps are half-open [start, end): an op starting at a boundary opens the next step.
-        match = (ids >= 0) & (start[:, None] >= st) & (start[:, None] < en)
-        found = match.any(axis=1)
-        frame_ids = np.where(found, ids[np.arange(ids.shape[0]), match.argmax(axis=1)], -1)
-        newest_end = np.where(ids >= 0, en, np.iinfo(np.int64).min).max(axis=1)
-        waiting = ~found & (start >= newest_end)
-        usable = found & (frame_ids > self.last_closed)
-        self.dropped_contributions += int((~usable & ~waiting).sum())
+        # Match each contribution to the open frame whose step interval, on the contribution's
+        # own rank and clock, contains its start. Ranks that never send step records fall back
+        # to the job-wide interval of each frame (clock offsets of a few ms only blur the edges).
+        own = self.newest_end[slot] != NEVER
+        frame_ids = np.full(slot.size, -1, dtype=np.int64)
+        for index in sorted(self.frames):
+            acc = self.frames[index]
+            acc.grow(n_slots)
+            st, en = acc.starts[slot], acc.ends[slot]
+            hit = own & (st >= 0) & (start >= st) & (start < en)
+            hit |= ~own & (start >= acc.start_ns) & (start < acc.end_ns)
+            frame_ids = np.where((frame_ids < 0) & hit, index, frame_ids)
+        found = frame_ids >= 0
+        newest = np.where(own, self.newest_end[slot], max((a.end_ns for a in self.frames.values()), default=NEVER))
+        waiting = ~found & (start >= newest)
+        self.dropped_contributions += int((~found & ~waiting).sum())
         self._accumulate(
-            frame_ids[usable], slot[usable], dur[usable], late[usable], wait[usable], kind[usable], n_slots
+            frame_ids[found], slot[found], dur[found], late[found], wait[found], kind[found], n_slots
         )
         if waiting.any():
             self._requeue(slot[waiting], start[waiting], dur[waiting], late[waiting], wait[waiting], kind[waiting])

@@ -136,6 +136,9 @@ class JobState:
                 self._reject(result, f"collectives[{i}]", str(exc))
                 continue
             self._count(result, outcome, "collective")
+        # Hand completed collectives to the frames now, before step records that may recycle
+        # the step intervals they need.
+        self.frames.add_collectives(self.assembler.take_ready())
         for i, raw in enumerate(env.steps):
             try:
                 step = parse_step(raw)
@@ -146,6 +149,8 @@ class JobState:
                 continue
             self._count(result, outcome, "step")
 
+        self.frames.add_collectives(self.assembler.take_ready())
+        self.frames.attribute(topo.n_slots)
         delta = self._delta(env)
         delta.accepted += result.accepted
         delta.duplicates += result.duplicates

@@ -105,3 +105,42 @@ def test_time_frames_when_no_steps_are_sent() -> None:
     assert [f.index for f in frames][:1] == [(T0 + 50 * MS) // 10**9]
     assert all(not f.has_steps for f in frames)
     assert frames[0].late.sum(axis=1)[3] > 0.2  # ~10 collectives x 30 ms
+
+
+def test_many_steps_between_detection_passes_lose_nothing() -> None:
+    """Regression: 40 steps ingested before any pass (more than the 16-step ring) all count."""
+    state = JobState("j", StateSettings())
+    for k in range(40):
+        for e in one_step(k, late_rank=3, late_ms=30):
+            apply(state, e)
+    frames = close(state, flush=True)
+    assert [f.index for f in frames] == list(range(40))
+    assert state.frames.dropped_contributions == 0
+    assert all(f.late.sum(axis=1)[3] == np.float64(0.03) for f in frames)
+
+
+def test_one_envelope_holding_more_steps_than_the_ring() -> None:
+    state = JobState("j", StateSettings())
+    e0s, e1s = zip(*(one_step(k) for k in range(40)), strict=True)
+    for batch in (e1s, e0s):  # each host sends all 40 steps in one envelope
+        merged = dict(batch[0])
+        merged["collectives"] = [c for e in batch for c in e["collectives"]]
+        merged["steps"] = [s for e in batch for s in e["steps"]]
+        apply(state, merged)
+    frames = close(state, flush=True)
+    assert len(frames) == 40 and state.frames.dropped_contributions == 0
+
+
+def test_ranks_without_step_records_use_the_job_interval() -> None:
+    state = JobState("j", StateSettings())
+    for k in range(3):
+        e0, e1 = one_step(k, late_rank=3)
+        e0["steps"] = [s for s in e0["steps"] if s["rank"] == 0]  # only rank 0 reports steps
+        e1["steps"] = []
+        apply(state, e0)
+        apply(state, e1)
+    frames = close(state, flush=True)
+    assert [f.index for f in frames] == [0, 1, 2]
+    assert state.frames.dropped_contributions == 0
+    assert frames[1].late.sum(axis=1)[3] == np.float64(0.03)  # rank 3's lateness still counted
+    assert np.isnan(frames[1].step_time[1:]).all()
