@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -33,6 +34,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         flush_interval_s=args.flush_interval,
         heartbeat_s=args.heartbeat,
         fsync=not args.no_fsync,
+        backoff_cap_s=args.max_backoff,
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -45,7 +47,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
             agent.write_stats()
     finally:
         agent.stop(drain_timeout_s=args.drain_timeout)
-        logging.info("agent stopped: %s", json.dumps(agent.stats.__dict__ if hasattr(agent.stats, "__dict__") else {}))
+        logging.info("agent stopped: %s", json.dumps(dataclasses.asdict(agent.stats)))
     return 0
 
 
@@ -113,6 +115,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--heartbeat", type=float, default=5.0, help="seconds of silence before a heartbeat")
     p.add_argument("--drain-timeout", type=float, default=5.0, help="seconds to deliver on shutdown")
     p.add_argument("--no-fsync", action="store_true", help="faster, but a power loss may lose a batch")
+    p.add_argument("--max-backoff", type=float, default=10.0, help="longest wait between retries (s)")
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=cmd_agent)
 
