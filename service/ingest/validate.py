@@ -111,6 +111,35 @@ def _obj(rec: Any) -> dict[str, Any]:
 
 
 def parse_collective(raw: Any) -> CollectiveRecord:
+    """Validate one collective record (fast path for well-formed ones, precise errors otherwise)."""
+    if type(raw) is dict:
+        rank, comm, seq = raw.get("rank"), raw.get("comm"), raw.get("seq")
+        op_raw, nbytes, start = raw.get("op"), raw.get("bytes"), raw.get("start_ns")
+        end, peer = raw.get("end_ns"), raw.get("peer")
+        if (
+            type(rank) is int
+            and type(seq) is int
+            and type(nbytes) is int
+            and type(start) is int
+            and type(comm) is str
+            and type(op_raw) is str
+            and rank >= 0
+            and seq >= 0
+            and nbytes >= 0
+            and 0 <= start <= INT64_MAX
+            and (end is None or (type(end) is int and start <= end <= INT64_MAX))
+            and ID_RE.match(comm)
+        ):
+            op = normalise_op(op_raw)
+            if op is not None and (
+                (peer is None and op not in P2P_OPS)
+                or (op in P2P_OPS and type(peer) is int and 0 <= peer != rank)
+            ):
+                return CollectiveRecord(rank, comm, seq, op, nbytes, start, end, peer)
+    return _parse_collective_slow(raw)
+
+
+def _parse_collective_slow(raw: Any) -> CollectiveRecord:
     rec = _obj(raw)
     rank = _req_int(rec, "rank")
     comm = rec.get("comm")
