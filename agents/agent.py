@@ -82,7 +82,8 @@ class NodeAgent:
         self.agent_id = str(self.state.data.get("agent") or f"{self.host}-{uuid.uuid4().hex[:8]}")
         self.next_seq = max(int(self.state.data.get("next_seq", 0)), self.outbox.max_seq() + 1)  # type: ignore[call-overload]
         self.ranks: dict[int, dict[str, Any]] = {
-            int(k): v for k, v in dict(self.state.data.get("ranks", {})).items()  # type: ignore[call-overload]
+            int(k): v
+            for k, v in dict(self.state.data.get("ranks", {})).items()  # type: ignore[call-overload]
         }
         self.comms: dict[str, dict[str, Any]] = dict(self.state.data.get("comms", {}))  # type: ignore[call-overload]
         self._topology_dirty = True
@@ -206,7 +207,12 @@ class NodeAgent:
             rejected = body.get("rejected") or []
             self.stats.records_rejected += len(rejected)
             if rejected:
-                log.warning("service rejected %d records of envelope %d, e.g. %s", len(rejected), seq, rejected[:3])
+                log.warning(
+                    "service rejected %d records of envelope %d, e.g. %s",
+                    len(rejected),
+                    seq,
+                    rejected[:3],
+                )
             self.stats.envelopes_sent += 1
             self.outbox.ack(seq)
             self.backoff.reset()
@@ -215,13 +221,23 @@ class NodeAgent:
             self.stats.retries += 1
             self.stats.last_error = result.error or f"HTTP {result.status}"
             wait = result.wait_s if result.wait_s is not None else self.backoff.next()
-            log.info("delivery of envelope %d failed (%s); retrying in %.2fs", seq, self.stats.last_error, wait)
+            log.info(
+                "delivery of envelope %d failed (%s); retrying in %.2fs",
+                seq,
+                self.stats.last_error,
+                wait,
+            )
             self._stop.wait(wait)
             return "retry"
         self.stats.refused_envelopes += 1
         self.stats.dropped_records += records
         self.stats.last_error = f"HTTP {result.status}: {result.error}"
-        log.error("service refused envelope %d (%s); moved to %s", seq, self.stats.last_error, self.outbox.dead)
+        log.error(
+            "service refused envelope %d (%s); moved to %s",
+            seq,
+            self.stats.last_error,
+            self.outbox.dead,
+        )
         self.outbox.bury(seq, self.stats.last_error)
         return "refused"
 

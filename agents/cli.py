@@ -18,11 +18,15 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from agents.agent import NodeAgent
     from agents.sdk import default_socket
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s agent: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s agent: %(message)s"
+    )
     socket_path = args.socket
     if socket_path is None and args.input_dir is None:
         socket_path = default_socket(args.job)
-    state_dir = args.state_dir or os.path.join("var", "agent", f"{args.job}-{args.host or os.uname().nodename}")
+    state_dir = args.state_dir or os.path.join(
+        "var", "agent", f"{args.job}-{args.host or os.uname().nodename}"
+    )
     agent = NodeAgent(
         service=args.service,
         job=args.job,
@@ -41,7 +45,14 @@ def cmd_agent(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     agent.start()
     where = f"socket {socket_path}" if socket_path else f"spool {args.input_dir}"
-    logging.info("agent %s for job %s on %s: reading %s, sending to %s", agent.agent_id, args.job, agent.host, where, args.service)
+    logging.info(
+        "agent %s for job %s on %s: reading %s, sending to %s",
+        agent.agent_id,
+        args.job,
+        agent.host,
+        where,
+        args.service,
+    )
     try:
         while not stop.wait(2.0):
             agent.write_stats()
@@ -58,7 +69,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     layout = Layout(tp=args.tp, pp=args.pp, dp=args.dp, gpus_per_host=args.gpus_per_host)
     faults = tuple(parse_fault(f) for f in args.fault)
-    scenario = Scenario(job=args.job, layout=layout, steps=args.steps, faults=faults, seed=args.seed)
+    scenario = Scenario(
+        job=args.job, layout=layout, steps=args.steps, faults=faults, seed=args.seed
+    )
     sim = scenario.simulation()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -70,14 +83,20 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             n_env += 1
             n_rec += len(env["collectives"]) + len(env["steps"])
             if not args.quiet and n_env % 200 == 0:
-                print(f"\r  simulated {sim.now:7.1f}s, {n_rec} records", end="", file=sys.stderr, flush=True)
+                print(
+                    f"\r  simulated {sim.now:7.1f}s, {n_rec} records",
+                    end="",
+                    file=sys.stderr,
+                    flush=True,
+                )
     labels = scenario.labels(sim)
     labels_path = Path(args.labels or str(out) + ".labels.json")
     labels_path.write_text(json.dumps(labels, indent=2))
     if not args.quiet:
         print(
-            f"\rwrote {n_env} envelopes / {n_rec} records ({layout.world} ranks, {args.steps} steps) to {out} "
-            f"in {time.monotonic() - started:.1f}s; labels in {labels_path}",
+            f"\rwrote {n_env} envelopes / {n_rec} records ({layout.world} ranks, "
+            f"{args.steps} steps) to {out} in {time.monotonic() - started:.1f}s; "
+            f"labels in {labels_path}",
             file=sys.stderr,
         )
     return 0
@@ -107,19 +126,31 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--service", required=True, help="service URL, e.g. http://10.0.0.5:8000")
     p.add_argument("--job", required=True)
     p.add_argument("--host", help="this node's name (default: hostname)")
-    p.add_argument("--socket", help="Unix datagram socket to read (default $XDG_RUNTIME_DIR or /tmp)")
+    p.add_argument(
+        "--socket", help="Unix datagram socket to read (default $XDG_RUNTIME_DIR or /tmp)"
+    )
     p.add_argument("--input-dir", help="read SDK spool files from this directory instead")
     p.add_argument("--state-dir", help="outbox and state (default var/agent/<job>-<host>)")
     p.add_argument("--token", help="bearer token (or FAILSLOW_TOKEN)")
     p.add_argument("--flush-interval", type=float, default=1.0, help="seconds per envelope")
-    p.add_argument("--heartbeat", type=float, default=5.0, help="seconds of silence before a heartbeat")
-    p.add_argument("--drain-timeout", type=float, default=5.0, help="seconds to deliver on shutdown")
-    p.add_argument("--no-fsync", action="store_true", help="faster, but a power loss may lose a batch")
-    p.add_argument("--max-backoff", type=float, default=10.0, help="longest wait between retries (s)")
+    p.add_argument(
+        "--heartbeat", type=float, default=5.0, help="seconds of silence before a heartbeat"
+    )
+    p.add_argument(
+        "--drain-timeout", type=float, default=5.0, help="seconds to deliver on shutdown"
+    )
+    p.add_argument(
+        "--no-fsync", action="store_true", help="faster, but a power loss may lose a batch"
+    )
+    p.add_argument(
+        "--max-backoff", type=float, default=10.0, help="longest wait between retries (s)"
+    )
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=cmd_agent)
 
-    p = sub.add_parser("simulate", help="simulate a TP x PP x DP job; write v1 envelopes (JSONL) + labels")
+    p = sub.add_parser(
+        "simulate", help="simulate a TP x PP x DP job; write v1 envelopes (JSONL) + labels"
+    )
     p.add_argument("--job", default="sim-job")
     p.add_argument("--tp", type=int, default=4)
     p.add_argument("--pp", type=int, default=2)
@@ -132,8 +163,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         action="append",
         default=[],
         help="kind:key=value,... e.g. slow_gpu:rank=5,start=100,factor=1.5 (repeatable); kinds: "
-        "slow_gpu slow_node slow_nic slow_link hang dead_host job_slowdown; keys: rank host start end "
-        "factor period (host=a+b for slow_link)",
+        "slow_gpu slow_node slow_nic slow_link hang dead_host job_slowdown; keys: rank host "
+        "start end factor period (host=a+b for slow_link)",
     )
     p.add_argument("--out", required=True, help="output JSONL file")
     p.add_argument("--labels", help="labels JSON (default OUT.labels.json)")

@@ -28,7 +28,14 @@ from agents.simulator import Fault, Layout, Scenario
 from agents.simulator.engine import Noise
 
 JOB = "demo-llm-64"
-BOLD, DIM, RED, GREEN, YELLOW, RESET = "\033[1m", "\033[2m", "\033[31m", "\033[32m", "\033[33m", "\033[0m"
+BOLD, DIM, RED, GREEN, YELLOW, RESET = (
+    "\033[1m",
+    "\033[2m",
+    "\033[31m",
+    "\033[32m",
+    "\033[33m",
+    "\033[0m",
+)
 
 
 def story(fast: bool) -> Scenario:
@@ -103,7 +110,9 @@ class Demo:
     # -- processes ---------------------------------------------------------------------------
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         log = open(self.work / "logs" / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
         self.procs.append(proc)
         return proc
 
@@ -115,13 +124,18 @@ class Demo:
         self.port = _pick_port(self.args.port)
         self.url = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ)
-        env.update({
-            "FAILSLOW_DATABASE_URL": f"sqlite:///{self.work}/failslow.db",
-            "FAILSLOW_DETECTION__INTERVAL_S": "0.2",
-            "PYTHONUNBUFFERED": "1",
-        })
+        env.update(
+            {
+                "FAILSLOW_DATABASE_URL": f"sqlite:///{self.work}/failslow.db",
+                "FAILSLOW_DETECTION__INTERVAL_S": "0.2",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         cli = [sys.executable, "-m", "service.cli"]
-        self.term.line(self.term.c(BOLD, "failslow demo") + f": service on {self.url}, logs in {self.work}/logs")
+        self.term.line(
+            self.term.c(BOLD, "failslow demo")
+            + f": service on {self.url}, logs in {self.work}/logs"
+        )
         self._spawn("service", cli + ["serve", "--port", str(self.port)], env)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -137,10 +151,27 @@ class Demo:
         lay = self.scenario.layout
         for host in lay.hosts:
             sock = str(self.work / "sock" / f"{host}.sock")
-            self._spawn(f"agent-{host}", cli + [
-                "agent", "--service", self.url, "--job", JOB, "--host", host, "--socket", sock,
-                "--state-dir", str(self.work / "agents" / host), "--flush-interval", "0.5", "--no-fsync",
-            ], env)
+            self._spawn(
+                f"agent-{host}",
+                cli
+                + [
+                    "agent",
+                    "--service",
+                    self.url,
+                    "--job",
+                    JOB,
+                    "--host",
+                    host,
+                    "--socket",
+                    sock,
+                    "--state-dir",
+                    str(self.work / "agents" / host),
+                    "--flush-interval",
+                    "0.5",
+                    "--no-fsync",
+                ],
+                env,
+            )
             rec = Recorder(JOB, socket_path=sock, flush_interval_s=0.05)
             for r in self.scenario.host_ranks(host):
                 rec.register_rank(r["rank"], gpu=r["gpu"], world_size=r["world_size"])
@@ -148,8 +179,8 @@ class Demo:
                 rec.register_comm(c["comm"], c["kind"], c["ranks"])
             self.recorders[host] = rec
         self.term.line(
-            f"{len(lay.hosts)} node agents started; simulated job {BOLD if self.term.tty else ''}{JOB}"
-            f"{RESET if self.term.tty else ''}: {lay.world} ranks (TP={lay.tp} x PP={lay.pp} x DP={lay.dp}), "
+            f"{len(lay.hosts)} node agents started; simulated job {self.term.c(BOLD, JOB)}: "
+            f"{lay.world} ranks (TP={lay.tp} x PP={lay.pp} x DP={lay.dp}), "
             f"{self.scenario.steps} steps"
         )
 
@@ -173,7 +204,8 @@ class Demo:
         lay = self.scenario.layout
         if f.kind == "slow_gpu":
             r = f.ranks[0]
-            return f"slow GPU: rank {r} (GPU {lay.gpu(r)} on {lay.host(r)}) computes {f.factor:g}x slower"
+            where = f"GPU {lay.gpu(r)} on {lay.host(r)}"
+            return f"slow GPU: rank {r} ({where}) computes {f.factor:g}x slower"
         if f.kind == "slow_nic":
             return f"slow NIC: {f.hosts[0]}'s network link is {f.factor:g}x slower"
         return f"{f.kind} {f.ranks or f.hosts} x{f.factor:g}"
@@ -193,7 +225,16 @@ class Demo:
                 r = self.recorders[hosts[host_idx]]
                 if rec[0] == "c":
                     _, rank, comm, seq, op, nbytes, s, e, peer = rec
-                    r.record_collective(rank=rank, comm=comm, seq=seq, op=op, nbytes=nbytes, start_ns=s, end_ns=e, peer=peer)
+                    r.record_collective(
+                        rank=rank,
+                        comm=comm,
+                        seq=seq,
+                        op=op,
+                        nbytes=nbytes,
+                        start_ns=s,
+                        end_ns=e,
+                        peer=peer,
+                    )
                 else:
                     _, rank, step, s, e = rec
                     r.record_step(rank=rank, step=step, start_ns=s, end_ns=e)
@@ -201,10 +242,21 @@ class Demo:
             for i, f in enumerate(self.scenario.faults):
                 if i in sim.fault_onset and i not in announced:
                     announced.add(i)
-                    self.term.line(self.term.c(YELLOW, f"[{now:6.1f}s] >> injected at step {f.start_step}: {self.describe_fault(f)}"))
+                    self.term.line(
+                        self.term.c(
+                            YELLOW,
+                            f"[{now:6.1f}s] >> injected at step {f.start_step}: "
+                            f"{self.describe_fault(f)}",
+                        )
+                    )
                 if i in sim.fault_end and i not in ended:
                     ended.add(i)
-                    self.term.line(self.term.c(YELLOW, f"[{now:6.1f}s] >> cleared at step {f.end_step}: {f.kind} is gone"))
+                    self.term.line(
+                        self.term.c(
+                            YELLOW,
+                            f"[{now:6.1f}s] >> cleared at step {f.end_step}: {f.kind} is gone",
+                        )
+                    )
             if now >= next_poll:
                 next_poll = now + 1.0
                 self.poll(now, records)
@@ -238,10 +290,23 @@ class Demo:
                 steps = ""
                 if inc["onset_step"] is not None and inc["detected_step"] is not None:
                     steps = f", {inc['detected_step'] - inc['onset_step']} steps"
-                self.term.line(self.term.c(RED, f"[{now:6.1f}s] ** INCIDENT {inc['kind']} opened: {inc['summary']}"))
-                self.term.line(f"          detected {delay:.1f} s{steps} after onset; confidence {inc['confidence']:.2f}; GET /v1/incidents/{inc['id']}")
+                self.term.line(
+                    self.term.c(
+                        RED, f"[{now:6.1f}s] ** INCIDENT {inc['kind']} opened: {inc['summary']}"
+                    )
+                )
+                self.term.line(
+                    f"          detected {delay:.1f} s{steps} after onset; "
+                    f"confidence {inc['confidence']:.2f}; GET /v1/incidents/{inc['id']}"
+                )
             if inc["state"] == "resolved":
-                self.term.line(self.term.c(GREEN, f"[{now:6.1f}s] ** INCIDENT {inc['kind']} resolved (ranks {inc['ranks']}) at step {inc['resolved_step']}"))
+                self.term.line(
+                    self.term.c(
+                        GREEN,
+                        f"[{now:6.1f}s] ** INCIDENT {inc['kind']} resolved "
+                        f"(ranks {inc['ranks']}) at step {inc['resolved_step']}",
+                    )
+                )
         self.incidents = incidents
         base = job.get("baseline_step_time_s")
         st = job.get("step_time_s")
@@ -252,7 +317,8 @@ class Demo:
         if base and slow:
             pct = round((slow - 1) * 100)
             text += f" (baseline {base:.3f}s, {pct:+d}%)"
-        text += f"  records sent {records:,}  state {job['state']}  open incidents {job['open_incidents']}"
+        text += f"  records sent {records:,}  state {job['state']}"
+        text += f"  open incidents {job['open_incidents']}"
         self.term.status(text)
 
     def report(self) -> int:
@@ -262,15 +328,26 @@ class Demo:
         false = [i for i in self.incidents if i not in ok]
         if ok:
             d = (ok[0]["detected_ns"] - ok[0]["onset_ns"]) / 1e9
-            self.term.line(self.term.c(GREEN, f"OK: the injected slow GPU (rank 13) was found {d:.1f} s after its onset."))
+            self.term.line(
+                self.term.c(
+                    GREEN,
+                    f"OK: the injected slow GPU (rank 13) was found {d:.1f} s after its onset.",
+                )
+            )
         else:
             self.term.line(self.term.c(RED, "the injected slow GPU was NOT reported"))
         if false:
-            self.term.line(f"other incidents: {[(i['kind'], i['ranks'], i['hosts']) for i in false]}")
+            self.term.line(
+                f"other incidents: {[(i['kind'], i['ranks'], i['hosts']) for i in false]}"
+            )
         else:
-            self.term.line("No GPU was blamed for the slow NIC: it is a communication fault, not a compute straggler.")
+            self.term.line(
+                "No GPU was blamed for the slow NIC: it is a communication fault, "
+                "not a compute straggler."
+            )
         self.term.line(
-            f"\nLook next (while it runs, or later with `failslow serve --database-url sqlite:///{self.work}/failslow.db`):\n"
+            "\nLook next (while it runs, or later with "
+            f"`failslow serve --database-url sqlite:///{self.work}/failslow.db`):\n"
             f"  {self.url}/docs                       the API, live\n"
             f"  {self.url}/metrics                    Prometheus metrics\n"
             f"  curl {self.url}/v1/jobs/{JOB}/incidents\n"
@@ -301,10 +378,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("demo", help="service + agents + a simulated 64-rank job with injected faults, live")
+    p = sub.add_parser(
+        "demo", help="service + agents + a simulated 64-rank job with injected faults, live"
+    )
     p.add_argument("--port", type=int, default=int(os.environ.get("FAILSLOW_DEMO_PORT", "8000")))
-    p.add_argument("--workdir", default="var/demo", help="where the demo keeps its database and logs")
+    p.add_argument(
+        "--workdir", default="var/demo", help="where the demo keeps its database and logs"
+    )
     p.add_argument("--fast", action="store_true", help="a 35-second story instead of 90")
     p.add_argument("--seconds", type=float, default=0, help="stop the story after this long")
-    p.add_argument("--linger", type=float, default=0, help="keep the service up this long afterwards")
+    p.add_argument(
+        "--linger", type=float, default=0, help="keep the service up this long afterwards"
+    )
     p.set_defaults(func=run)

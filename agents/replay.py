@@ -27,8 +27,14 @@ def replay(
     sender = Sender(service, token=token)
     backoff = Backoff()
     stats: dict[str, Any] = {
-        "envelopes": 0, "records": 0, "accepted": 0, "duplicates": 0, "rejected": 0,
-        "refused_envelopes": 0, "retries": 0, "jobs": [],
+        "envelopes": 0,
+        "records": 0,
+        "accepted": 0,
+        "duplicates": 0,
+        "rejected": 0,
+        "refused_envelopes": 0,
+        "retries": 0,
+        "jobs": [],
     }
     jobs: set[str] = set()
     first_ns: int | None = None
@@ -65,8 +71,13 @@ def replay(
                     stats["refused_envelopes"] += 1
                 if progress and stats["envelopes"] % 100 == 0:
                     rate = stats["records"] / max(time.monotonic() - started, 1e-9)
-                    print(f"\r  sent {stats['envelopes']} envelopes, {stats['records']} records ({rate:,.0f}/s)",
-                          end="", file=sys.stderr, flush=True)
+                    print(
+                        f"\r  sent {stats['envelopes']} envelopes, "
+                        f"{stats['records']} records ({rate:,.0f}/s)",
+                        end="",
+                        file=sys.stderr,
+                        flush=True,
+                    )
         if flush:
             for job in sorted(jobs):
                 sender.client.post(service.rstrip("/") + f"/v1/jobs/{job}/flush", timeout=120)

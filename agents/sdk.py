@@ -81,7 +81,9 @@ class Recorder:
             self.start()
 
     # -- public API (hot path) ---------------------------------------------------------------
-    def register_rank(self, rank: int, *, gpu: int | None = None, world_size: int | None = None) -> None:
+    def register_rank(
+        self, rank: int, *, gpu: int | None = None, world_size: int | None = None
+    ) -> None:
         try:
             item = ["r", int(rank), gpu, world_size]
             self._announce.append(item)
@@ -133,8 +135,14 @@ class Recorder:
             yield
         finally:
             self.record_collective(
-                rank=rank, comm=comm, seq=seq, op=op, nbytes=nbytes, start_ns=start,
-                end_ns=time.time_ns(), peer=peer,
+                rank=rank,
+                comm=comm,
+                seq=seq,
+                op=op,
+                nbytes=nbytes,
+                start_ns=start,
+                end_ns=time.time_ns(),
+                peer=peer,
             )
 
     def _push(self, item: list[Any], *, record: bool = True) -> None:

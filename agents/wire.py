@@ -43,7 +43,15 @@ def decode_payload(payload: bytes) -> tuple[dict[str, Any], list[list[Any]]]:
 
 def collective_dict(m: list[Any]) -> dict[str, Any]:
     _, rank, comm, seq, op, nbytes, start, end, peer = m
-    d = {"rank": rank, "comm": comm, "seq": seq, "op": op, "bytes": nbytes, "start_ns": start, "end_ns": end}
+    d = {
+        "rank": rank,
+        "comm": comm,
+        "seq": seq,
+        "op": op,
+        "bytes": nbytes,
+        "start_ns": start,
+        "end_ns": end,
+    }
     if peer is not None:
         d["peer"] = peer
     return d

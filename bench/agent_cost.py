@@ -27,7 +27,9 @@ def sdk_call_cost(calls: int) -> dict[str, float]:
     rec = Recorder("bench", socket_path="/nonexistent/sock", start=False, max_queue=calls + 1)
     t = time.perf_counter()
     for i in range(calls):
-        rec.record_collective(rank=3, comm="dp-0", seq=i, op="allreduce", nbytes=1 << 20, start_ns=i, end_ns=i + 5)
+        rec.record_collective(
+            rank=3, comm="dp-0", seq=i, op="allreduce", nbytes=1 << 20, start_ns=i, end_ns=i + 5
+        )
     per_call = (time.perf_counter() - t) / calls
     return {"sdk_call_ns": round(per_call * 1e9)}
 
@@ -43,9 +45,27 @@ def main() -> None:
         service = start_service(work, port)
         sock = str(work / "agent.sock")
         env = {k: v for k, v in os.environ.items() if not k.startswith("FAILSLOW_")}
-        agent = subprocess.Popen(CLI + ["agent", "--service", f"http://127.0.0.1:{port}", "--job", "bench", "--host", "h0",
-                                        "--socket", sock, "--state-dir", str(work / "agent"), "--log-level", "warning"],
-                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        agent = subprocess.Popen(
+            CLI
+            + [
+                "agent",
+                "--service",
+                f"http://127.0.0.1:{port}",
+                "--job",
+                "bench",
+                "--host",
+                "h0",
+                "--socket",
+                sock,
+                "--state-dir",
+                str(work / "agent"),
+                "--log-level",
+                "warning",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
         while not os.path.exists(sock):
             time.sleep(0.05)
         stats_file = work / "agent" / "stats.json"
@@ -58,10 +78,19 @@ def main() -> None:
         t0 = time.perf_counter()
         n = args.records // 8
         for i in range(n):
-            now = time.time_ns()  # record times and envelope times come from one clock, as in real use
+            now = (
+                time.time_ns()
+            )  # record times and envelope times come from one clock, as in real use
             for r in range(8):
-                rec.record_collective(rank=r, comm="tp-0", seq=i, op="allreduce", nbytes=1 << 24,
-                                      start_ns=now + r, end_ns=now + 900)
+                rec.record_collective(
+                    rank=r,
+                    comm="tp-0",
+                    seq=i,
+                    op="allreduce",
+                    nbytes=1 << 24,
+                    start_ns=now + r,
+                    end_ns=now + 900,
+                )
             if i % 2000 == 0:
                 time.sleep(0.001)  # let the SDK thread keep up, as a training loop would
         rec.flush(timeout_s=120)
@@ -84,15 +113,17 @@ def main() -> None:
         agent.wait()
         service.terminate()
         service.wait()
-    result.update({
-        "records": total,
-        "delivered": stats.get("records_accepted", 0),
-        "envelopes": stats.get("envelopes_sent", 0),
-        "sdk_process_cpu_us_per_record": round(sdk_cpu / total * 1e6, 2),
-        "agent_cpu_s": round(agent_cpu, 2),
-        "agent_cpu_us_per_record": round(agent_cpu / total * 1e6, 2),
-        "end_to_end_s": round(wall, 2),
-    })
+    result.update(
+        {
+            "records": total,
+            "delivered": stats.get("records_accepted", 0),
+            "envelopes": stats.get("envelopes_sent", 0),
+            "sdk_process_cpu_us_per_record": round(sdk_cpu / total * 1e6, 2),
+            "agent_cpu_s": round(agent_cpu, 2),
+            "agent_cpu_us_per_record": round(agent_cpu / total * 1e6, 2),
+            "end_to_end_s": round(wall, 2),
+        }
+    )
     save("agent_cost", result)
 
 

@@ -28,8 +28,13 @@ def start_service(workdir: Path, port: int) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAILSLOW_")}
     env["FAILSLOW_DATABASE_URL"] = f"sqlite:///{workdir}/bench.db"
     log = open(workdir / "service.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(CLI + ["serve", "--port", str(port), "--log-level", "warning"], env=env,
-                            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    proc = subprocess.Popen(
+        CLI + ["serve", "--port", str(port), "--log-level", "warning"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -49,7 +54,11 @@ def cpu_seconds(pid: int) -> float:
 
 
 def save(name: str, result: dict[str, Any]) -> None:
-    result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
+    result["machine"] = {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps(result, indent=2))

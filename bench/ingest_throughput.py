@@ -31,28 +31,41 @@ def main() -> None:
     ap.add_argument("--batch", type=float, default=2.0, help="seconds of records per envelope")
     args = ap.parse_args()
 
-    sc = Scenario(job="bench", layout=Layout(tp=4, pp=2, dp=8, gpus_per_host=8), steps=args.steps, batch_s=args.batch)
+    sc = Scenario(
+        job="bench",
+        layout=Layout(tp=4, pp=2, dp=8, gpus_per_host=8),
+        steps=args.steps,
+        batch_s=args.batch,
+    )
     print(f"simulating {args.steps} steps of a 64-rank job...", file=sys.stderr)
-    bodies: list[tuple[int, bytes, int]] = []
+    bodies: list[tuple[str, int, bytes, int]] = []  # host, records, gzip body, raw size
     for env in sc.envelopes():
-        n = len(env["collectives"]) + len(env["steps"])
-        bodies.append((n, gzip.compress(orjson.dumps(env), 3), len(orjson.dumps(env))))
-    records = sum(n for n, _, _ in bodies)
-    # Envelopes of one host must stay in order: each client takes whole hosts.
-    hosts = sorted({orjson.loads(gzip.decompress(b))["host"] for _, b, _ in bodies[:16]})
+        raw = orjson.dumps(env)
+        bodies.append(
+            (
+                env["host"],
+                len(env["collectives"]) + len(env["steps"]),
+                gzip.compress(raw, 3),
+                len(raw),
+            )
+        )
+    records = sum(n for _, n, _, _ in bodies)
+    hosts = sorted({h for h, *_ in bodies})
+    # Envelopes of one host must stay in order: each client sends whole hosts.
+    per_client: list[list[bytes]] = [[] for _ in range(args.clients)]
+    for host, _, body, _ in bodies:
+        per_client[hosts.index(host) % args.clients].append(body)
     with tempfile.TemporaryDirectory() as tmp:
         port = free_port()
         proc = start_service(Path(tmp), port)
         url = f"http://127.0.0.1:{port}/v1/ingest"
         latencies: list[float] = []
         lock = threading.Lock()
-        per_client: list[list[bytes]] = [[] for _ in range(args.clients)]
-        for n, body, _ in bodies:
-            host = orjson.loads(gzip.decompress(body))["host"]
-            per_client[hosts.index(host) % args.clients].append(body) if host in hosts else per_client[0].append(body)
 
         def run(chunk: list[bytes]) -> None:
-            with httpx.Client(headers={"Content-Type": "application/json", "Content-Encoding": "gzip"}) as c:
+            with httpx.Client(
+                headers={"Content-Type": "application/json", "Content-Encoding": "gzip"}
+            ) as c:
                 for body in chunk:
                     t = time.perf_counter()
                     r = c.post(url, content=body)
@@ -74,21 +87,27 @@ def main() -> None:
         proc.terminate()
         proc.wait()
     lat = sorted(latencies)
-    save("ingest_throughput", {
-        "records": records,
-        "envelopes": len(bodies),
-        "mean_records_per_envelope": round(records / len(bodies)),
-        "uncompressed_mib": round(sum(u for *_, u in bodies) / 2**20, 1),
-        "clients": args.clients,
-        "seconds": round(elapsed, 3),
-        "records_per_s": round(records / elapsed),
-        "envelopes_per_s": round(len(bodies) / elapsed, 1),
-        "service_cpu_s": round(cpu, 2),
-        "service_cpu_us_per_record": round(cpu / records * 1e6, 2),
-        "latency_ms": {"p50": round(statistics.median(lat) * 1e3, 1), "p99": round(lat[int(len(lat) * 0.99) - 1] * 1e3, 1)},
-        "frames_after_flush": flush.get("step"),
-        "incidents": len(incidents),
-    })
+    save(
+        "ingest_throughput",
+        {
+            "records": records,
+            "envelopes": len(bodies),
+            "mean_records_per_envelope": round(records / len(bodies)),
+            "uncompressed_mib": round(sum(u for *_, u in bodies) / 2**20, 1),
+            "clients": args.clients,
+            "seconds": round(elapsed, 3),
+            "records_per_s": round(records / elapsed),
+            "envelopes_per_s": round(len(bodies) / elapsed, 1),
+            "service_cpu_s": round(cpu, 2),
+            "service_cpu_us_per_record": round(cpu / records * 1e6, 2),
+            "latency_ms": {
+                "p50": round(statistics.median(lat) * 1e3, 1),
+                "p99": round(lat[int(len(lat) * 0.99) - 1] * 1e3, 1),
+            },
+            "frames_after_flush": flush.get("step"),
+            "incidents": len(incidents),
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -74,8 +74,12 @@ class ConditionTracker:
         was_open = self.open[:n].copy()
         opening = ~was_open & present & suspect & (count >= self.open_after)
         flapping = opening & (self.frame - self.resolved_at[:n] <= self.flap_window)
-        self.flaps[:n] = np.where(opening, np.where(flapping, self.flaps[:n] + 1, 0), self.flaps[:n])
-        clean = np.where(present & was_open, np.where(elevated | suspect, 0, self.clean[:n] + 1), self.clean[:n])
+        self.flaps[:n] = np.where(
+            opening, np.where(flapping, self.flaps[:n] + 1, 0), self.flaps[:n]
+        )
+        clean = np.where(
+            present & was_open, np.where(elevated | suspect, 0, self.clean[:n] + 1), self.clean[:n]
+        )
         needed = self.resolve_after << np.minimum(self.flaps[:n], self.MAX_FLAP_SHIFT)
         resolving = was_open & (clean >= needed)
         self.resolved_at[:n] = np.where(resolving, self.frame, self.resolved_at[:n])

@@ -69,8 +69,12 @@ class JobPipeline:
         history: int = 64,
         update_every: int = 5,
     ) -> None:
-        self.detector = PeerLatenessDetector(late_fraction=late_fraction, compute_ratio=compute_ratio)
-        self.tracker = ConditionTracker(window=window, open_after=open_after, resolve_after=resolve_after)
+        self.detector = PeerLatenessDetector(
+            late_fraction=late_fraction, compute_ratio=compute_ratio
+        )
+        self.tracker = ConditionTracker(
+            window=window, open_after=open_after, resolve_after=resolve_after
+        )
         self.window = window
         self.warmup_frames = warmup_frames
         self.update_every = update_every
@@ -176,12 +180,16 @@ class JobPipeline:
         start = run_start(self.elevated[slot, pos])
         onset_pos = self.count - len(pos) + start
         q = onset_pos % self.h
-        info = _Open(onset_pos, int(self.f_index[q]), int(self.f_start[q]), frame.index, frame.end_ns)
+        info = _Open(
+            onset_pos, int(self.f_index[q]), int(self.f_start[q]), frame.index, frame.end_ns
+        )
         self.opened[slot] = info
         return self._finding("opened", slot, info, frame)
 
     def _resolve(self, slot: int, frame: Frame) -> Finding:
-        info = self.opened.pop(slot, None) or _Open(self.count, frame.index, frame.start_ns, frame.index, frame.end_ns)
+        info = self.opened.pop(slot, None) or _Open(
+            self.count, frame.index, frame.start_ns, frame.index, frame.end_ns
+        )
         return self._finding("resolved", slot, info, frame)
 
     def _finding(self, status: str, slot: int, info: _Open, frame: Frame) -> Finding:
@@ -205,15 +213,26 @@ class JobPipeline:
         elif np.isfinite(ratio_now):
             subject, basis = ratio_now, "compute time vs role peers"
         elif np.isfinite(late_s) and np.isfinite(frame_time) and frame_time > late_s:
-            subject, basis = frame_time / (frame_time - late_s), "estimated from lateness (no step records)"
+            subject, basis = (
+                frame_time / (frame_time - late_s),
+                "estimated from lateness (no step records)",
+            )
         else:
             subject, basis = float("nan"), "unknown"
-        job_now = med(self.f_time[since[-max(self.window, 1):]] if since.size else self.f_time[recent])
+        job_now = med(
+            self.f_time[since[-max(self.window, 1) :]] if since.size else self.f_time[recent]
+        )
         base = self.baseline()
         slowdown = job_now / base if np.isfinite(base) and base > 0 else float("nan")
-        late_fraction = late_s / frame_time if frame_time and np.isfinite(frame_time) else float("nan")
+        late_fraction = (
+            late_s / frame_time if frame_time and np.isfinite(frame_time) else float("nan")
+        )
         suspects = int(self.tracker.suspect_count()[slot]) if slot < self.tracker.bits.size else 0
-        strength = min(1.0, late_fraction / (2 * self.detector.late_fraction)) if np.isfinite(late_fraction) else 0.5
+        strength = (
+            min(1.0, late_fraction / (2 * self.detector.late_fraction))
+            if np.isfinite(late_fraction)
+            else 0.5
+        )
         confidence = round(max(0.0, min(0.99, (suspects / self.window) * strength)), 3)
         if status == "resolved":
             reason = (
@@ -222,8 +241,8 @@ class JobPipeline:
             )
         else:
             reason = (
-                f"late in every communicator it uses in {suspects}/{self.window} recent frames: peers "
-                f"wait {late_s * 1e3:.1f} ms per step ({late_fraction:.1%} of step time)"
+                f"late in every communicator it uses in {suspects}/{self.window} recent frames: "
+                f"peers wait {late_s * 1e3:.1f} ms per step ({late_fraction:.1%} of step time)"
             )
             if np.isfinite(ratio_now):
                 reason += f"; compute {ratio_now:.2f}x its role peers"
@@ -262,7 +281,12 @@ class JobPipeline:
     # -- views ---------------------------------------------------------------------------------
     def job_view(self) -> dict[str, float | int | None]:
         if self.count == 0:
-            return {"step": None, "step_time_s": None, "baseline_step_time_s": None, "slowdown": None}
+            return {
+                "step": None,
+                "step_time_s": None,
+                "baseline_step_time_s": None,
+                "slowdown": None,
+            }
         recent = self._positions(self.count - self.window)
         times = self.f_time[recent]
         now = float(np.nanmedian(times)) if np.isfinite(times).any() else float("nan")
@@ -272,7 +296,9 @@ class JobPipeline:
             "step": int(self.f_index[last]) if self.has_steps else None,
             "step_time_s": _f(now, 6),
             "baseline_step_time_s": _f(base, 6),
-            "slowdown": _f(now / base) if np.isfinite(base) and base > 0 and np.isfinite(now) else None,
+            "slowdown": _f(now / base)
+            if np.isfinite(base) and base > 0 and np.isfinite(now)
+            else None,
         }
 
     def rank_view(self) -> tuple[np.ndarray, np.ndarray]:

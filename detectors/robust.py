@@ -30,7 +30,9 @@ def loo_median(values: np.ndarray) -> np.ndarray:
     hi = rem // 2
     lo_idx = np.clip(lo + (lo >= pos), 0, m - 1)
     hi_idx = np.clip(hi + (hi >= pos), 0, m - 1)
-    med_sorted = 0.5 * (np.take_along_axis(s, lo_idx, axis=1) + np.take_along_axis(s, hi_idx, axis=1))
+    med_sorted = 0.5 * (
+        np.take_along_axis(s, lo_idx, axis=1) + np.take_along_axis(s, hi_idx, axis=1)
+    )
     med_sorted = np.where((rem >= 1) & (pos < k), med_sorted, np.nan)
     out = np.empty_like(med_sorted)
     np.put_along_axis(out, order, med_sorted, axis=1)

@@ -68,7 +68,9 @@ def peer_ratio(values: np.ndarray, groups: PeerGroups) -> np.ndarray:
 class PeerLatenessDetector:
     """Stateless per-frame scorer; persistence and hysteresis live in the lifecycle tracker."""
 
-    def __init__(self, *, late_fraction: float = 0.03, compute_ratio: float = 1.05, relax: float = 0.5) -> None:
+    def __init__(
+        self, *, late_fraction: float = 0.03, compute_ratio: float = 1.05, relax: float = 0.5
+    ) -> None:
         if late_fraction <= 0 or compute_ratio <= 1 or not 0 < relax <= 1:
             raise ValueError("need late_fraction > 0, compute_ratio > 1, 0 < relax <= 1")
         self.late_fraction = late_fraction
@@ -79,7 +81,11 @@ class PeerLatenessDetector:
         present = (frame.calls.sum(axis=1) > 0) | np.isfinite(frame.step_time)
         late = np.where(present, min_rule_lateness(frame.late, frame.calls), np.nan)
         if frame.has_steps:
-            frame_time = float(np.nanmedian(frame.step_time)) if np.isfinite(frame.step_time).any() else np.nan
+            frame_time = (
+                float(np.nanmedian(frame.step_time))
+                if np.isfinite(frame.step_time).any()
+                else np.nan
+            )
             compute = np.maximum(frame.step_time - frame.comm_time, 0.0)
             ratio = peer_ratio(compute, groups)
         else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -56,7 +57,9 @@ def build_context(settings: Settings) -> AppContext:
         settings=settings.detection, sessions=sessions, metrics=metrics, jobs=jobs
     )
     ctx = AppContext(settings, engine, sessions, metrics, jobs, detection)
-    metrics.add(LiveCollector(jobs=lambda: job_samples(ctx), open_incidents=lambda: open_by_kind(ctx)))
+    metrics.add(
+        LiveCollector(jobs=lambda: job_samples(ctx), open_incidents=lambda: open_by_kind(ctx))
+    )
     return ctx
 
 
@@ -73,10 +76,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await task
-            except asyncio.CancelledError:
-                pass
             ctx.engine.dispose()
 
     app = FastAPI(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from enum import Enum
+from enum import StrEnum
 
 from fastapi import Request
 
@@ -12,7 +12,7 @@ from service.errors import Forbidden, Unauthorized
 from service.settings import AuthSettings
 
 
-class Role(str, Enum):
+class Role(StrEnum):
     INGEST = "ingest"
     READ = "read"
     OPERATOR = "operator"

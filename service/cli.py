@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import secrets
 import sys
 from collections.abc import Sequence

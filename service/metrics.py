@@ -38,7 +38,10 @@ class Metrics:
             "failslow_ingest_duplicate_records_total", "Re-sent records ignored.", registry=r
         )
         self.requests = Counter(
-            "failslow_ingest_requests_total", "Ingest requests by HTTP status.", ["code"], registry=r
+            "failslow_ingest_requests_total",
+            "Ingest requests by HTTP status.",
+            ["code"],
+            registry=r,
         )
         self.request_seconds = Histogram(
             "failslow_ingest_request_duration_seconds", "Ingest request handling time.", registry=r
@@ -50,7 +53,9 @@ class Metrics:
             registry=r,
         )
         self.detection_seconds = Histogram(
-            "failslow_detection_duration_seconds", "Time of one detection pass over one job.", registry=r
+            "failslow_detection_duration_seconds",
+            "Time of one detection pass over one job.",
+            registry=r,
         )
         self.detection_runs = Counter(
             "failslow_detection_runs_total", "Detection passes by outcome.", ["outcome"], registry=r
@@ -111,22 +116,36 @@ class LiveCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         started = time.perf_counter()
         ok = 1.0
-        step = GaugeMetricFamily("failslow_job_step_time_seconds", "Recent job step time.", labels=["job"])
-        base = GaugeMetricFamily(
-            "failslow_job_baseline_step_time_seconds", "Healthy step time before any incident.", labels=["job"]
+        step = GaugeMetricFamily(
+            "failslow_job_step_time_seconds", "Recent job step time.", labels=["job"]
         )
-        slow = GaugeMetricFamily("failslow_job_slowdown_ratio", "Step time now / baseline.", labels=["job"])
-        state = GaugeMetricFamily("failslow_job_state", "1 for the job's current state.", labels=["job", "state"])
+        base = GaugeMetricFamily(
+            "failslow_job_baseline_step_time_seconds",
+            "Healthy step time before any incident.",
+            labels=["job"],
+        )
+        slow = GaugeMetricFamily(
+            "failslow_job_slowdown_ratio", "Step time now / baseline.", labels=["job"]
+        )
+        state = GaugeMetricFamily(
+            "failslow_job_state", "1 for the job's current state.", labels=["job", "state"]
+        )
         ranks = GaugeMetricFamily("failslow_job_ranks", "Ranks known.", labels=["job"])
         hosts = GaugeMetricFamily("failslow_job_hosts", "Hosts known.", labels=["job"])
-        stale = GaugeMetricFamily("failslow_job_stale_hosts", "Hosts without recent envelopes.", labels=["job"])
+        stale = GaugeMetricFamily(
+            "failslow_job_stale_hosts", "Hosts without recent envelopes.", labels=["job"]
+        )
         inflight = GaugeMetricFamily(
-            "failslow_job_inflight_collectives", "Collectives with a member still inside.", labels=["job"]
+            "failslow_job_inflight_collectives",
+            "Collectives with a member still inside.",
+            labels=["job"],
         )
         pending = GaugeMetricFamily(
             "failslow_job_pending_collectives", "Collectives being assembled.", labels=["job"]
         )
-        wm = GaugeMetricFamily("failslow_job_watermark_seconds", "Event-time watermark.", labels=["job"])
+        wm = GaugeMetricFamily(
+            "failslow_job_watermark_seconds", "Event-time watermark.", labels=["job"]
+        )
         score = GaugeMetricFamily(
             "failslow_rank_score_ratio",
             "Rank speed relative to peers (1 = typical); incident ranks and top-K slowest only.",
@@ -138,7 +157,9 @@ class LiveCollector(Collector):
             labels=["job", "rank", "host"],
         )
         jobs_by_state: dict[str, int] = {"healthy": 0, "degraded": 0, "hung": 0, "stale": 0}
-        open_by_kind = {k: 0 for k in ("slow_gpu", "slow_node", "slow_link", "hang", "job_slowdown")}
+        open_by_kind = {
+            k: 0 for k in ("slow_gpu", "slow_node", "slow_link", "hang", "job_slowdown")
+        }
         try:
             for s in self._jobs():
                 if s.step_time_s is not None:
@@ -168,10 +189,25 @@ class LiveCollector(Collector):
         jobs = GaugeMetricFamily("failslow_jobs", "Jobs in memory by state.", labels=["state"])
         for name, count in jobs_by_state.items():
             jobs.add_metric([name], count)
-        incidents = GaugeMetricFamily("failslow_incidents_open", "Open incidents by kind.", labels=["kind"])
+        incidents = GaugeMetricFamily(
+            "failslow_incidents_open", "Open incidents by kind.", labels=["kind"]
+        )
         for kind, count in open_by_kind.items():
             incidents.add_metric([kind], count)
-        yield from (step, base, slow, state, ranks, hosts, stale, inflight, pending, wm, score, lateness)
+        yield from (
+            step,
+            base,
+            slow,
+            state,
+            ranks,
+            hosts,
+            stale,
+            inflight,
+            pending,
+            wm,
+            score,
+            lateness,
+        )
         yield jobs
         yield incidents
         dur = GaugeMetricFamily(
@@ -179,6 +215,8 @@ class LiveCollector(Collector):
         )
         dur.add_metric([], time.perf_counter() - started)
         yield dur
-        success = GaugeMetricFamily("failslow_scrape_collector_success", "1 if live collection worked.")
+        success = GaugeMetricFamily(
+            "failslow_scrape_collector_success", "1 if live collection worked."
+        )
         success.add_metric([], ok)
         yield success

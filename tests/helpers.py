@@ -20,17 +20,38 @@ def envelope(
     **extra: Any,
 ) -> dict[str, Any]:
     env: dict[str, Any] = {"job": job, "host": host, "sent_ns": sent_ns}
-    for name, value in (("ranks", ranks), ("comms", comms), ("collectives", collectives), ("steps", steps)):
+    for name, value in (
+        ("ranks", ranks),
+        ("comms", comms),
+        ("collectives", collectives),
+        ("steps", steps),
+    ):
         if value is not None:
             env[name] = value
     env.update(extra)
     return env
 
 
-def coll(rank: int, seq: int, start: int, end: int | None, *, comm: str = "dp-0", op: str = "allreduce",
-         nbytes: int = 1024, peer: int | None = None) -> dict[str, Any]:
-    rec: dict[str, Any] = {"rank": rank, "comm": comm, "seq": seq, "op": op, "bytes": nbytes,
-                           "start_ns": start, "end_ns": end}
+def coll(
+    rank: int,
+    seq: int,
+    start: int,
+    end: int | None,
+    *,
+    comm: str = "dp-0",
+    op: str = "allreduce",
+    nbytes: int = 1024,
+    peer: int | None = None,
+) -> dict[str, Any]:
+    rec: dict[str, Any] = {
+        "rank": rank,
+        "comm": comm,
+        "seq": seq,
+        "op": op,
+        "bytes": nbytes,
+        "start_ns": start,
+        "end_ns": end,
+    }
     if peer is not None:
         rec["peer"] = peer
     return rec
@@ -43,6 +64,12 @@ def step(rank: int, idx: int, start: int, end: int) -> dict[str, Any]:
 def two_hosts() -> tuple[dict[str, Any], dict[str, Any]]:
     """Announcements for a 4-rank job: ranks 0,1 on h0 and 2,3 on h1, one dp comm of all four."""
     comm = {"comm": "dp-0", "kind": "dp", "ranks": [0, 1, 2, 3]}
-    h0 = {"ranks": [{"rank": 0, "gpu": 0, "world_size": 4}, {"rank": 1, "gpu": 1, "world_size": 4}], "comms": [comm]}
-    h1 = {"ranks": [{"rank": 2, "gpu": 0, "world_size": 4}, {"rank": 3, "gpu": 1, "world_size": 4}], "comms": [comm]}
+    h0 = {
+        "ranks": [{"rank": 0, "gpu": 0, "world_size": 4}, {"rank": 1, "gpu": 1, "world_size": 4}],
+        "comms": [comm],
+    }
+    h1 = {
+        "ranks": [{"rank": 2, "gpu": 0, "world_size": 4}, {"rank": 3, "gpu": 1, "world_size": 4}],
+        "comms": [comm],
+    }
     return h0, h1

@@ -24,7 +24,9 @@ def free_port() -> int:
 @contextmanager
 def live_service(settings: Settings, port: int | None = None) -> Iterator[str]:
     port = port or free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"

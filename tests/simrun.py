@@ -26,12 +26,18 @@ class Run:
         return [(r, f) for r, f in self.findings if f.status == "resolved"]
 
 
-def run(scenario: Scenario, *, strip_steps: bool = False, detection: DetectionSettings | None = None) -> Run:
+def run(
+    scenario: Scenario, *, strip_steps: bool = False, detection: DetectionSettings | None = None
+) -> Run:
     d = detection or DetectionSettings()
     state = JobState(scenario.job, StateSettings())
     pipe = JobPipeline(
-        late_fraction=d.late_fraction, compute_ratio=d.compute_ratio, window=d.window,
-        open_after=d.open_after, resolve_after=d.resolve_after, warmup_frames=d.warmup_frames,
+        late_fraction=d.late_fraction,
+        compute_ratio=d.compute_ratio,
+        window=d.window,
+        open_after=d.open_after,
+        resolve_after=d.resolve_after,
+        warmup_frames=d.warmup_frames,
         baseline_frames=d.baseline_frames,
     )
     findings: list[tuple[int, Finding]] = []
@@ -40,7 +46,9 @@ def run(scenario: Scenario, *, strip_steps: bool = False, detection: DetectionSe
     def drain(flush: bool = False) -> None:
         nonlocal frames
         state.frames.add_collectives(state.assembler.take_ready())
-        closed = state.frames.advance(state.watermark_ns, state.topology.n_slots, flush=flush, world=state.topology.world_size)
+        closed = state.frames.advance(
+            state.watermark_ns, state.topology.n_slots, flush=flush, world=state.topology.world_size
+        )
         groups = peer_groups(state)
         for fr in closed:
             frames += 1

@@ -18,9 +18,15 @@ import numpy as np
 from agents.simulator.faults import Fault
 from agents.simulator.layout import Layout
 
-ALG_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
-              "reducescatter": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0,
-              "reduce": lambda n: 1.0, "alltoall": lambda n: (n - 1) / n, "barrier": lambda n: 0.0}
+ALG_FACTOR = {
+    "allreduce": lambda n: 2 * (n - 1) / n,
+    "allgather": lambda n: (n - 1) / n,
+    "reducescatter": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+    "alltoall": lambda n: (n - 1) / n,
+    "barrier": lambda n: 0.0,
+}
 
 
 @dataclass(frozen=True)
@@ -134,11 +140,12 @@ class Simulation:
         for fault in self.faults:
             if not fault.active(step):
                 continue
-            if fault.kind == "slow_gpu" and rank in fault.ranks:
-                f *= fault.factor
-            elif fault.kind == "slow_node" and host in fault.hosts:
-                f *= fault.factor
-            elif fault.kind == "job_slowdown":
+            hits = (
+                (fault.kind == "slow_gpu" and rank in fault.ranks)
+                or (fault.kind == "slow_node" and host in fault.hosts)
+                or fault.kind == "job_slowdown"
+            )
+            if hits:
                 f *= fault.factor
         return f
 
@@ -199,16 +206,36 @@ class Simulation:
 
         for _ in range(w.microbatches):
             if stage > 0:
-                ops.append(("p2p", lay.pp_comm(rank, stage - 1), "recv", w.pp_bytes, lay.rank(t, d, stage - 1)))
+                ops.append(
+                    (
+                        "p2p",
+                        lay.pp_comm(rank, stage - 1),
+                        "recv",
+                        w.pp_bytes,
+                        lay.rank(t, d, stage - 1),
+                    )
+                )
             chunk(w.fwd_s)
             if stage < lay.pp - 1:
-                ops.append(("p2p", lay.pp_comm(rank, stage), "send", w.pp_bytes, lay.rank(t, d, stage + 1)))
+                ops.append(
+                    ("p2p", lay.pp_comm(rank, stage), "send", w.pp_bytes, lay.rank(t, d, stage + 1))
+                )
         for _ in range(w.microbatches):
             if stage < lay.pp - 1:
-                ops.append(("p2p", lay.pp_comm(rank, stage), "recv", w.pp_bytes, lay.rank(t, d, stage + 1)))
+                ops.append(
+                    ("p2p", lay.pp_comm(rank, stage), "recv", w.pp_bytes, lay.rank(t, d, stage + 1))
+                )
             chunk(w.bwd_s)
             if stage > 0:
-                ops.append(("p2p", lay.pp_comm(rank, stage - 1), "send", w.pp_bytes, lay.rank(t, d, stage - 1)))
+                ops.append(
+                    (
+                        "p2p",
+                        lay.pp_comm(rank, stage - 1),
+                        "send",
+                        w.pp_bytes,
+                        lay.rank(t, d, stage - 1),
+                    )
+                )
         dp_comm = lay.dp_comm(rank)
         if dp_comm:
             for _ in range(w.dp_buckets):
@@ -219,7 +246,9 @@ class Simulation:
     def _next_step(self, r: _Rank, t: float) -> bool:
         """Start the rank's next step at time t; False when the run is over for it."""
         if r.step >= 0:
-            self._emit(t, r.host, ("s", r.rank, r.step, self.ns(r.step_start, r.host), self.ns(t, r.host)))
+            self._emit(
+                t, r.host, ("s", r.rank, r.step, self.ns(r.step_start, r.host), self.ns(t, r.host))
+            )
         r.step += 1
         if r.step >= self.steps:
             self.finished += 1
@@ -251,9 +280,8 @@ class Simulation:
         lay = self.layout
         host = lay.hosts[r.host]
         while True:
-            if r.step < 0 or r.pc >= len(r.ops):
-                if not self._next_step(r, t):
-                    return
+            if (r.step < 0 or r.pc >= len(r.ops)) and not self._next_step(r, t):
+                return
             if self._stuck(r.rank, host, r.step):
                 r.dead = True
                 for fault in self.faults:
@@ -298,9 +326,23 @@ class Simulation:
         for m in members:
             arrival, mop = got[m]
             mr = self.ranks[m]
-            exit_t = end + (abs(self.rng.normal(0, self.noise.exit_jitter_s)) if self.noise.exit_jitter_s else 0.0)
+            exit_t = end + (
+                abs(self.rng.normal(0, self.noise.exit_jitter_s))
+                if self.noise.exit_jitter_s
+                else 0.0
+            )
             mpeer = mop[4] if mop[0] == "p2p" else None
-            rec = ("c", m, comm, seq, mop[2], mop[3], self.ns(arrival, mr.host), self.ns(exit_t, mr.host), mpeer)
+            rec = (
+                "c",
+                m,
+                comm,
+                seq,
+                mop[2],
+                mop[3],
+                self.ns(arrival, mr.host),
+                self.ns(exit_t, mr.host),
+                mpeer,
+            )
             self._emit(exit_t, mr.host, rec)
             mr.blocked = None
             self._push(exit_t, m)
@@ -319,7 +361,22 @@ class Simulation:
             if r.blocked is not None and not r.inflight_reported:
                 comm, seq, opname, nbytes, arrival, peer = r.blocked
                 if t - arrival >= self.inflight_after_s and r.host not in self.host_dead_at:
-                    items.append((r.host, ("c", r.rank, comm, seq, opname, nbytes, self.ns(arrival, r.host), None, peer)))
+                    items.append(
+                        (
+                            r.host,
+                            (
+                                "c",
+                                r.rank,
+                                comm,
+                                seq,
+                                opname,
+                                nbytes,
+                                self.ns(arrival, r.host),
+                                None,
+                                peer,
+                            ),
+                        )
+                    )
                     r.inflight_reported = True
         return items
 

@@ -29,7 +29,9 @@ class Layout:
         if min(self.tp, self.pp, self.dp, self.gpus_per_host) < 1:
             raise ValueError("tp, pp, dp and gpus_per_host must be >= 1")
         if self.world % self.gpus_per_host:
-            raise ValueError(f"world size {self.world} is not a multiple of {self.gpus_per_host} GPUs per host")
+            raise ValueError(
+                f"world size {self.world} is not a multiple of {self.gpus_per_host} GPUs per host"
+            )
 
     @property
     def world(self) -> int:

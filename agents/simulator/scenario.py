@@ -44,10 +44,15 @@ class Scenario:
     # -- announcements ---------------------------------------------------------------------------
     def host_ranks(self, host: str) -> list[dict[str, Any]]:
         lay = self.layout
-        return [{"rank": r, "gpu": lay.gpu(r), "world_size": lay.world} for r in lay.ranks_of_host(host)]
+        return [
+            {"rank": r, "gpu": lay.gpu(r), "world_size": lay.world} for r in lay.ranks_of_host(host)
+        ]
 
     def host_comms(self, host: str) -> list[dict[str, Any]]:
-        return [{"comm": c.comm, "kind": c.kind, "ranks": list(c.ranks)} for c in self.layout.comms_of_host(host)]
+        return [
+            {"comm": c.comm, "kind": c.kind, "ranks": list(c.ranks)}
+            for c in self.layout.comms_of_host(host)
+        ]
 
     # -- envelopes -------------------------------------------------------------------------------
     def envelopes(self, sim: Simulation | None = None) -> Iterator[dict[str, Any]]:
@@ -103,8 +108,13 @@ class Scenario:
             "job": self.job,
             "seed": self.seed,
             "steps": self.steps,
-            "layout": {"tp": self.layout.tp, "pp": self.layout.pp, "dp": self.layout.dp,
-                       "gpus_per_host": self.layout.gpus_per_host, "world": self.layout.world},
+            "layout": {
+                "tp": self.layout.tp,
+                "pp": self.layout.pp,
+                "dp": self.layout.dp,
+                "gpus_per_host": self.layout.gpus_per_host,
+                "world": self.layout.world,
+            },
             "noise": asdict(self.noise),
             "faults": faults,
         }

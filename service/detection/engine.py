@@ -13,10 +13,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
-
-import numpy as np
 
 from detectors.pipeline import Finding, JobPipeline
 from detectors.types import PeerGroups
@@ -66,8 +65,10 @@ def describe_rank(rank: int, host: str | None, gpu: int | None) -> str:
 
 def summary_for(f: Finding, who: str, *, resolved_step: int | None = None) -> str:
     pct = f"{(f.subject_slowdown - 1) * 100:.0f}% slower" if f.subject_slowdown else "slower"
-    since = f"since step {f.onset_index}" if f.onset_index is not None else "since " + time.strftime(
-        "%H:%M:%S UTC", time.gmtime(f.onset_ns / 1e9)
+    since = (
+        f"since step {f.onset_index}"
+        if f.onset_index is not None
+        else "since " + time.strftime("%H:%M:%S UTC", time.gmtime(f.onset_ns / 1e9))
     )
     text = f"{who[0].upper()}{who[1:]} is {pct} than its peers {since}"
     if f.slowdown is not None:
@@ -129,7 +130,9 @@ class DetectionEngine:
         """One pass over every job with new data or frames waiting; returns frames processed."""
         total = 0
         for state in self.jobs.all():
-            if not state.persisted or not (state.new_data or state.frames.frames or state.frames.queue.slot):
+            if not state.persisted or not (
+                state.new_data or state.frames.frames or state.frames.queue.slot
+            ):
                 continue
             try:
                 total += self.run_job(state)
@@ -148,7 +151,9 @@ class DetectionEngine:
                 completed = state.assembler.take_ready()
                 state.frames.add_collectives(completed)
                 n = state.topology.n_slots
-                closed = state.frames.advance(state.watermark_ns, n, flush=flush, world=state.topology.world_size)
+                closed = state.frames.advance(
+                    state.watermark_ns, n, flush=flush, world=state.topology.world_size
+                )
                 state.assembler.expire(state.watermark_ns)
                 state.new_data = False
                 if rt.groups is None or rt.groups_version != state.topology.version:
@@ -156,7 +161,10 @@ class DetectionEngine:
                     rt.groups_version = state.topology.version
                 groups = rt.groups
                 slot_rank = list(state.topology.slot_rank)
-                info = {r: (state.topology.ranks[r].host, state.topology.ranks[r].gpu) for r in slot_rank}
+                info = {
+                    r: (state.topology.ranks[r].host, state.topology.ranks[r].gpu)
+                    for r in slot_rank
+                }
             findings: list[Finding] = []
             job_rows: list[dict[str, Any]] = []
             rank_rows: list[dict[str, Any]] = []
@@ -190,7 +198,9 @@ class DetectionEngine:
                 rank = int(row.subject.split(":", 1)[1])
                 info = state.topology.ranks.get(rank)
                 if info is not None:
-                    rt.pipeline.seed_open(info.slot, onset_index=row.onset_step, onset_ns=row.onset_ns)
+                    rt.pipeline.seed_open(
+                        info.slot, onset_index=row.onset_step, onset_ns=row.onset_ns
+                    )
         rt.seeded = True
 
     def _persist(
@@ -252,7 +262,9 @@ class DetectionEngine:
             rt.open_kind[subject] = f.kind
             if created:
                 self.metrics.opened.labels(f.kind).inc()
-                self.metrics.delay.labels(f.kind).observe(max(0.0, (f.detected_ns - f.onset_ns) / 1e9))
+                self.metrics.delay.labels(f.kind).observe(
+                    max(0.0, (f.detected_ns - f.onset_ns) / 1e9)
+                )
                 log.info("incident %s opened: %s", row.id, draft.summary)
             return
         inc_id = rt.open.get(subject)
@@ -282,8 +294,14 @@ class DetectionEngine:
                 resolved_step=f.detected_index,
                 evidence={"reason": f.reason, "lateness_s": f.evidence.get("lateness_s")},
             )
-            row.summary = row.summary.rstrip(".") + "." + (
-                f" Recovered by step {f.detected_index}." if f.detected_index is not None else " Recovered."
+            row.summary = (
+                row.summary.rstrip(".")
+                + "."
+                + (
+                    f" Recovered by step {f.detected_index}."
+                    if f.detected_index is not None
+                    else " Recovered."
+                )
             )
             rt.open.pop(subject, None)
             rt.open_kind.pop(subject, None)
@@ -291,7 +309,9 @@ class DetectionEngine:
             log.info("incident %s resolved", row.id)
 
     @staticmethod
-    def _write_history(s: Session, job_rows: list[dict[str, Any]], rank_rows: list[dict[str, Any]]) -> None:
+    def _write_history(
+        s: Session, job_rows: list[dict[str, Any]], rank_rows: list[dict[str, Any]]
+    ) -> None:
         if not job_rows and not rank_rows:
             return
         try:

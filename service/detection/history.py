@@ -32,7 +32,13 @@ class HistoryAccumulator:
         if self.bucket is not None and bucket != self.bucket:
             out = self.rows(slot_rank, baseline)
         if self.bucket != bucket:
-            self.bucket, self.frames, self.sums, self.counts, self.step_times = bucket, 0, {}, {}, []
+            self.bucket, self.frames, self.sums, self.counts, self.step_times = (
+                bucket,
+                0,
+                {},
+                {},
+                [],
+            )
         with np.errstate(divide="ignore", invalid="ignore"):
             score = np.where(np.isfinite(scores.compute_ratio), 1.0 / scores.compute_ratio, np.nan)
         values = {

@@ -122,7 +122,9 @@ def find_open(session: Session, *, job: str, kind: str, subject: str) -> Inciden
     ).first()
 
 
-def list_incidents(session: Session, *, job: str | None = None, state: str = "all") -> list[Incident]:
+def list_incidents(
+    session: Session, *, job: str | None = None, state: str = "all"
+) -> list[Incident]:
     query = select(Incident)
     if job is not None:
         query = query.where(Incident.job_id == job)

@@ -24,7 +24,9 @@ async def read_json(request: Request, *, max_bytes: int) -> tuple[Any, int, str]
     gzip bomb costs at most ``max_bytes`` of memory.
     """
     media = _media_type(request)
-    if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
+    if media != "application/json" and not (
+        media.startswith("application/") and media.endswith("+json")
+    ):
         raise UnsupportedMediaType(f"expected application/json, got {media or 'no content type'!r}")
     encoding = request.headers.get("content-encoding", "identity").strip().lower() or "identity"
     if encoding not in ("identity", "gzip"):

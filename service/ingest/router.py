@@ -50,7 +50,9 @@ async def ingest(request: Request, ctx: CtxDep) -> IngestResult:
             )
         ctx.ingest_inflight += 1
         try:
-            body, received, encoding = await read_json(request, max_bytes=ctx.settings.ingest.max_body_bytes)
+            body, received, encoding = await read_json(
+                request, max_bytes=ctx.settings.ingest.max_body_bytes
+            )
             m.bytes.labels(encoding).inc(received)
             envelope = parse_envelope(body)
             result = await run_in_threadpool(

@@ -30,8 +30,10 @@ class CollectiveIn(BaseModel):
     rank: int = Field(ge=0)
     comm: str = Identifier
     seq: int = Field(ge=0, description="Per-communicator sequence number, equal on every member.")
-    op: str = Field(description="allreduce, allgather, reducescatter, broadcast, reduce, alltoall, "
-                    "barrier, send, recv (NCCL/PyTorch spellings are normalised).")
+    op: str = Field(
+        description="allreduce, allgather, reducescatter, broadcast, reduce, alltoall, "
+        "barrier, send, recv (NCCL/PyTorch spellings are normalised)."
+    )
     bytes: int = Field(ge=0)
     start_ns: int = Field(ge=0)
     end_ns: int | None = Field(description="null while the call is still in flight.")
@@ -53,7 +55,7 @@ class Envelope(BaseModel):
     sent_ns: int = Field(ge=0, description="Agent clock at send time; the newest is the job's now.")
     agent: str | None = Field(
         default=None,
-        description="(failslow addition) Agent stream id; with batch_seq makes re-sends exact no-ops.",
+        description="(failslow addition) Agent stream id; with batch_seq, re-sends are no-ops.",
     )
     batch_seq: int | None = Field(
         default=None, ge=0, description="(failslow addition) Increasing envelope number per agent."

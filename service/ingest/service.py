@@ -13,7 +13,9 @@ from service.jobs.service import clear_committed, commit_ingest
 from service.jobs.state import ApplyResult
 
 
-def accept(*, jobs: JobRegistry, sessions: sessionmaker[Session], envelope: Envelope) -> ApplyResult:
+def accept(
+    *, jobs: JobRegistry, sessions: sessionmaker[Session], envelope: Envelope
+) -> ApplyResult:
     """Apply ``envelope`` and commit its counters before answering.
 
     If the commit fails the counters stay pending in memory (they are additive) and go out with

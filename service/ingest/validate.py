@@ -62,7 +62,9 @@ def _ident(body: dict[str, Any], name: str, errors: list[dict[str, str]]) -> str
 def parse_envelope(body: Any) -> Envelope:
     """Check the top level; raise :class:`InvalidEnvelope` listing every problem found."""
     if not isinstance(body, dict):
-        raise InvalidEnvelope("the body must be a JSON object", errors=[{"loc": "", "msg": "not an object"}])
+        raise InvalidEnvelope(
+            "the body must be a JSON object", errors=[{"loc": "", "msg": "not an object"}]
+        )
     errors: list[dict[str, str]] = []
     job = _ident(body, "job", errors)
     host = _ident(body, "host", errors)

@@ -48,7 +48,7 @@ _OP_CACHE: dict[str, str | None] = {}
 
 
 def normalise_op(raw: str) -> str | None:
-    """Canonical op name for NCCL/PyTorch spellings (``AllReduce``, ``_allgather_base``), else None."""
+    """Canonical op for NCCL/PyTorch spellings (``AllReduce``, ``_allgather_base``), else None."""
     try:
         return _OP_CACHE[raw]
     except KeyError:

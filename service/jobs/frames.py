@@ -198,13 +198,18 @@ class FrameBuilder:
             if size < 1:
                 continue
             slots = np.stack([c.slots for c in group])
-            starts = np.stack([c.starts for c in group])
-            ends = np.stack([c.ends for c in group])
+            starts = np.array([c.starts for c in group], dtype=np.int64)
+            ends = np.array([c.ends for c in group], dtype=np.int64)
             kinds = np.repeat(np.array([c.kind for c in group], dtype=np.int64)[:, None], size, 1)
             dur = (ends - starts) * NS
             late, wait = collective_lateness(dur)
             self.queue.append(
-                slots.ravel(), starts.ravel(), dur.ravel(), late.ravel(), wait.ravel(), kinds.ravel()
+                slots.ravel(),
+                starts.ravel(),
+                dur.ravel(),
+                late.ravel(),
+                wait.ravel(),
+                kinds.ravel(),
             )
             if self.first_record_ns is None:
                 self.first_record_ns = int(starts.min())
@@ -223,7 +228,9 @@ class FrameBuilder:
             frame_ids = start // self.time_frame_ns
             keep = frame_ids > self.last_closed
             self.dropped_contributions += int((~keep).sum())
-            self._accumulate(frame_ids[keep], slot[keep], dur[keep], late[keep], wait[keep], kind[keep], n_slots)
+            self._accumulate(
+                frame_ids[keep], slot[keep], dur[keep], late[keep], wait[keep], kind[keep], n_slots
+            )
             return
         if not self.has_steps:
             self._requeue(slot, start, dur, late, wait, kind)
@@ -242,14 +249,29 @@ class FrameBuilder:
             hit |= ~own & (start >= acc.start_ns) & (start < acc.end_ns)
             frame_ids = np.where((frame_ids < 0) & hit, index, frame_ids)
         found = frame_ids >= 0
-        newest = np.where(own, self.newest_end[slot], max((a.end_ns for a in self.frames.values()), default=NEVER))
+        newest = np.where(
+            own, self.newest_end[slot], max((a.end_ns for a in self.frames.values()), default=NEVER)
+        )
         waiting = ~found & (start >= newest)
         self.dropped_contributions += int((~found & ~waiting).sum())
         self._accumulate(
-            frame_ids[found], slot[found], dur[found], late[found], wait[found], kind[found], n_slots
+            frame_ids[found],
+            slot[found],
+            dur[found],
+            late[found],
+            wait[found],
+            kind[found],
+            n_slots,
         )
         if waiting.any():
-            self._requeue(slot[waiting], start[waiting], dur[waiting], late[waiting], wait[waiting], kind[waiting])
+            self._requeue(
+                slot[waiting],
+                start[waiting],
+                dur[waiting],
+                late[waiting],
+                wait[waiting],
+                kind[waiting],
+            )
 
     def _requeue(self, *arrays: np.ndarray) -> None:
         size = arrays[0].size
@@ -279,7 +301,9 @@ class FrameBuilder:
                     self.dropped_contributions += int(sel.sum())
                     continue
                 lo = int(fid) * self.time_frame_ns
-                acc = self.frames[int(fid)] = _FrameAcc.new(int(fid), n_slots, lo, lo + self.time_frame_ns)
+                acc = self.frames[int(fid)] = _FrameAcc.new(
+                    int(fid), n_slots, lo, lo + self.time_frame_ns
+                )
             acc.grow(n_slots)
             s = slot[sel]
             np.add.at(acc.comm, s, dur[sel])
@@ -302,7 +326,10 @@ class FrameBuilder:
             not self.has_steps
             and not self.time_mode
             and self.first_record_ns is not None
-            and (flush or watermark_ns - self.first_record_ns > self.grace_ns + 2 * self.time_frame_ns)
+            and (
+                flush
+                or watermark_ns - self.first_record_ns > self.grace_ns + 2 * self.time_frame_ns
+            )
         ):
             self.time_mode = True  # nobody sends step records: fall back to time frames
         self._attribute(n_slots)

@@ -28,7 +28,9 @@ class Host(Base):
 
     __tablename__ = "hosts"
 
-    job_id: Mapped[str] = mapped_column(ID, ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    job_id: Mapped[str] = mapped_column(
+        ID, ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
     host: Mapped[str] = mapped_column(ID, primary_key=True)
     first_seen_ns: Mapped[int] = mapped_column(BigInteger)
     last_seen_ns: Mapped[int] = mapped_column(BigInteger)
@@ -43,7 +45,9 @@ class AgentStream(Base):
 
     __tablename__ = "agent_streams"
 
-    job_id: Mapped[str] = mapped_column(ID, ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    job_id: Mapped[str] = mapped_column(
+        ID, ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
     host: Mapped[str] = mapped_column(ID, primary_key=True)
     agent: Mapped[str] = mapped_column(ID, primary_key=True)
     last_batch_seq: Mapped[int] = mapped_column(BigInteger)
@@ -53,7 +57,9 @@ class AgentStream(Base):
 class Rank(Base):
     __tablename__ = "ranks"
 
-    job_id: Mapped[str] = mapped_column(ID, ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    job_id: Mapped[str] = mapped_column(
+        ID, ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
     rank: Mapped[int] = mapped_column(Integer, primary_key=True)
     host: Mapped[str] = mapped_column(ID)
     gpu: Mapped[int | None] = mapped_column(Integer)
@@ -62,7 +68,9 @@ class Rank(Base):
 class Comm(Base):
     __tablename__ = "comms"
 
-    job_id: Mapped[str] = mapped_column(ID, ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    job_id: Mapped[str] = mapped_column(
+        ID, ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
     comm: Mapped[str] = mapped_column(ID, primary_key=True)
     kind: Mapped[str] = mapped_column(String(16))
     ranks: Mapped[list[int]] = mapped_column(JSON)
@@ -73,7 +81,9 @@ class RankHistory(Base):
 
     __tablename__ = "rank_history"
 
-    job_id: Mapped[str] = mapped_column(ID, ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    job_id: Mapped[str] = mapped_column(
+        ID, ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
     rank: Mapped[int] = mapped_column(Integer, primary_key=True)
     bucket: Mapped[int] = mapped_column(Integer, primary_key=True)
     steps: Mapped[int] = mapped_column(Integer)
@@ -90,7 +100,9 @@ class JobHistory(Base):
 
     __tablename__ = "job_history"
 
-    job_id: Mapped[str] = mapped_column(ID, ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    job_id: Mapped[str] = mapped_column(
+        ID, ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
     bucket: Mapped[int] = mapped_column(Integer, primary_key=True)
     steps: Mapped[int] = mapped_column(Integer)
     end_ns: Mapped[int] = mapped_column(BigInteger)

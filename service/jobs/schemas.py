@@ -37,5 +37,7 @@ class RankOut(BaseModel):
     host: str | None
     gpu: int | None
     state: RankStateName
-    score: float | None = Field(description="Speed relative to peers: 1.0 typical, 0.5 = twice as slow.")
+    score: float | None = Field(
+        description="Speed relative to peers: 1.0 typical, 0.5 = twice as slow."
+    )
     lateness_s: float | None = Field(description="Mean time peers waited for this rank per step.")

@@ -28,9 +28,15 @@ def _upsert(
 ) -> None:
     """UPDATE, else INSERT; a concurrent INSERT by another process falls back to UPDATE."""
     where = [table.c[k] == v for k, v in key.items()]
-    if update_values and session.execute(update(table).where(*where).values(**update_values)).rowcount:
+    if (
+        update_values
+        and session.execute(update(table).where(*where).values(**update_values)).rowcount
+    ):
         return
-    if not update_values and session.execute(select(table.c[next(iter(key))]).where(*where)).first():
+    if (
+        not update_values
+        and session.execute(select(table.c[next(iter(key))]).where(*where)).first()
+    ):
         return
     try:
         with session.begin_nested():
@@ -100,7 +106,13 @@ def commit_ingest(session: Session, *, state: JobState) -> None:
         if info.host is None:
             continue
         values = {"host": info.host, "gpu": info.gpu}
-        _upsert(session, ranks, {"job_id": state.job, "rank": r}, insert_values=values, update_values=values)
+        _upsert(
+            session,
+            ranks,
+            {"job_id": state.job, "rank": r},
+            insert_values=values,
+            update_values=values,
+        )
     comms: Table = Comm.__table__  # type: ignore[assignment]
     for name in topo.dirty_comms:
         cinfo = topo.comms[name]
@@ -171,7 +183,9 @@ def save_job_progress(
     session.execute(
         update(Job)
         .where(Job.id == job)
-        .values(last_step=last_step, step_time_s=step_time_s, baseline_step_time_s=baseline_step_time_s)
+        .values(
+            last_step=last_step, step_time_s=step_time_s, baseline_step_time_s=baseline_step_time_s
+        )
     )
 
 

@@ -101,12 +101,12 @@ class JobState:
         result = ApplyResult()
         wall = time.monotonic()
         stream = (env.host, env.agent) if env.agent is not None else None
-        if stream is not None and env.batch_seq is not None:
-            if env.batch_seq <= self.streams.get(stream, -1):
-                result.batch_duplicate = True
-                result.duplicates = env.record_count
-                self._delta(env).duplicates += result.duplicates
-                return result
+        seq = env.batch_seq
+        if stream is not None and seq is not None and seq <= self.streams.get(stream, -1):
+            result.batch_duplicate = True
+            result.duplicates = env.record_count
+            self._delta(env).duplicates += result.duplicates
+            return result
         topo = self.topology
         topo.touch_host(env.host, env.sent_ns, wall)
         self.last_wall = wall

@@ -36,11 +36,11 @@ def open_counts(session: Session, *, job: str | None = None) -> dict[str, dict[s
     return out
 
 
-def job_state_name(state: JobState | None, kinds: dict[str, int], stale_after_s: float, row: Job) -> str:
-    if state is not None:
-        stale = state.is_stale(time.monotonic())
-    else:
-        stale = True  # not in memory: nothing received since this process started
+def job_state_name(
+    state: JobState | None, kinds: dict[str, int], stale_after_s: float, row: Job
+) -> str:
+    # not in memory: nothing received since this process started
+    stale = state.is_stale(time.monotonic()) if state is not None else True
     if kinds.get("hang"):
         return "hung"
     if stale:
@@ -64,7 +64,9 @@ def summary(
     live = state is not None
     return JobSummary(
         job=row.id,
-        world_size=(state.topology.world_size if live and state.topology.world_size else row.world_size),
+        world_size=(
+            state.topology.world_size if live and state.topology.world_size else row.world_size
+        ),
         hosts=len(state.topology.hosts) if live else 0,
         state=job_state_name(state, kinds, stale_after_s, row),  # type: ignore[arg-type]
         step=view.get("step", row.last_step) if view else row.last_step,

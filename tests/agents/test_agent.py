@@ -20,8 +20,14 @@ JOB = "agent-job"
 
 def make_agent(tmp_path: Path, url: str, **kw: object) -> NodeAgent:
     args: dict[str, object] = dict(
-        service=url, job=JOB, host="h0", socket_path=str(tmp_path / "a.sock"),
-        state_dir=str(tmp_path / "state"), flush_interval_s=0.1, heartbeat_s=0.5, fsync=False,
+        service=url,
+        job=JOB,
+        host="h0",
+        socket_path=str(tmp_path / "a.sock"),
+        state_dir=str(tmp_path / "state"),
+        flush_interval_s=0.1,
+        heartbeat_s=0.5,
+        fsync=False,
         backoff_cap_s=0.3,
     )
     args.update(kw)
@@ -34,8 +40,15 @@ def feed(rec: Recorder, n: int, *, first: int = 0) -> None:
     rec.register_comm("dp", "dp", [0, 1])
     for i in range(first, first + n):
         for r in (0, 1):
-            rec.record_collective(rank=r, comm="dp", seq=i, op="allreduce", nbytes=4,
-                                  start_ns=10**18 + i * 1000, end_ns=10**18 + i * 1000 + 500)
+            rec.record_collective(
+                rank=r,
+                comm="dp",
+                seq=i,
+                op="allreduce",
+                nbytes=4,
+                start_ns=10**18 + i * 1000,
+                end_ns=10**18 + i * 1000 + 500,
+            )
 
 
 def accepted_on_service(url: str) -> int:
@@ -54,8 +67,11 @@ def test_sdk_to_agent_to_service(tmp_path: Path, settings_: Settings) -> None:
         agent.start()
         rec = Recorder(JOB, socket_path=str(tmp_path / "a.sock"), flush_interval_s=0.01)
         feed(rec, 2000)
-        assert rec.flush()
-        assert wait_for(lambda: accepted_on_service(url) == 4000)
+        assert rec.flush(timeout_s=30), rec.stats
+        assert wait_for(lambda: accepted_on_service(url) == 4000, timeout=60), (
+            accepted_on_service(url),
+            agent.stats,
+        )
         agent.stop()
         rec.close()
         assert agent.stats.records_in == 4000 and agent.stats.records_accepted == 4000
@@ -84,9 +100,21 @@ def test_agent_restart_resumes_its_outbox_and_stream(tmp_path: Path, settings_: 
     url = f"http://127.0.0.1:{port}"
     first = make_agent(tmp_path, url)
     first.add_items([["r", 0, 0, 2], ["r", 1, 1, 2], ["m", "dp", "dp", [0, 1]]])
-    first.add_items([["c", r, "dp", i, "allreduce", 4, 10**18 + i, 10**18 + i + 1, None] for i in range(50) for r in (0, 1)])
+    first.add_items(
+        [
+            ["c", r, "dp", i, "allreduce", 4, 10**18 + i, 10**18 + i + 1, None]
+            for i in range(50)
+            for r in (0, 1)
+        ]
+    )
     first.seal()
-    first.add_items([["c", r, "dp", i, "allreduce", 4, 10**18 + i, 10**18 + i + 1, None] for i in range(50, 80) for r in (0, 1)])
+    first.add_items(
+        [
+            ["c", r, "dp", i, "allreduce", 4, 10**18 + i, 10**18 + i + 1, None]
+            for i in range(50, 80)
+            for r in (0, 1)
+        ]
+    )
     first.seal()
     stream = first.agent_id
     first.stop(drain_timeout_s=0)  # the service is down: both envelopes stay in the outbox
@@ -112,8 +140,14 @@ class _Scripted(http.server.BaseHTTPRequestHandler):
         self.seen.append(len(body))
         if _Scripted.forward_then_fail > 0:
             _Scripted.forward_then_fail -= 1
-            httpx.post(self.upstream + self.path, content=body, headers={
-                "Content-Type": "application/json", "Content-Encoding": self.headers.get("Content-Encoding", "")})
+            httpx.post(
+                self.upstream + self.path,
+                content=body,
+                headers={
+                    "Content-Type": "application/json",
+                    "Content-Encoding": self.headers.get("Content-Encoding", ""),
+                },
+            )
             self.send_response(502)  # stored upstream, but the answer is "lost"
             self.end_headers()
             return
@@ -126,8 +160,14 @@ class _Scripted(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(b'{"detail": "scripted"}')
             return
-        r = httpx.post(self.upstream + self.path, content=body, headers={
-            "Content-Type": "application/json", "Content-Encoding": self.headers.get("Content-Encoding", "")})
+        r = httpx.post(
+            self.upstream + self.path,
+            content=body,
+            headers={
+                "Content-Type": "application/json",
+                "Content-Encoding": self.headers.get("Content-Encoding", ""),
+            },
+        )
         self.send_response(r.status_code)
         self.send_header("Content-Type", "application/json")
         self.end_headers()
@@ -140,7 +180,12 @@ class _Scripted(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def scripted(settings_: Settings) -> Iterator[tuple[str, str]]:
     with live_service(settings_) as upstream:
-        _Scripted.upstream, _Scripted.script, _Scripted.seen, _Scripted.forward_then_fail = upstream, [], [], 0
+        _Scripted.upstream, _Scripted.script, _Scripted.seen, _Scripted.forward_then_fail = (
+            upstream,
+            [],
+            [],
+            0,
+        )
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Scripted)
         t = threading.Thread(target=server.serve_forever, daemon=True)
         t.start()
@@ -165,7 +210,10 @@ def test_lost_answer_is_resent_and_counted_once(tmp_path: Path, scripted: tuple[
     proxy, upstream = scripted
     _Scripted.forward_then_fail = 1
     agent = make_agent(tmp_path, proxy)
-    agent.add_items([["r", 0, 0, 1], ["m", "w", "world", [0]]] + [["s", 0, i, 10 * i, 10 * i + 5] for i in range(20)])
+    agent.add_items(
+        [["r", 0, 0, 1], ["m", "w", "world", [0]]]
+        + [["s", 0, i, 10 * i, 10 * i + 5] for i in range(20)]
+    )
     agent.seal()
     assert agent.deliver_once() == "retry"  # stored upstream, answer lost
     assert agent.deliver_once() == "ok"
@@ -199,7 +247,9 @@ def test_foreign_job_and_garbage_are_counted(tmp_path: Path) -> None:
     agent.sender.close()
 
 
-def test_spool_input_files_are_deleted_only_once_sealed(tmp_path: Path, settings_: Settings) -> None:
+def test_spool_input_files_are_deleted_only_once_sealed(
+    tmp_path: Path, settings_: Settings
+) -> None:
     spool = tmp_path / "sdk"
     rec = Recorder(JOB, spool_dir=str(spool), flush_interval_s=0.01)
     feed(rec, 100)
@@ -208,7 +258,9 @@ def test_spool_input_files_are_deleted_only_once_sealed(tmp_path: Path, settings
     files = list(spool.glob("*.jsonl"))
     assert files
     with live_service(settings_) as url:
-        agent = make_agent(tmp_path, url, socket_path=None, input_dir=str(spool), flush_interval_s=0.2)
+        agent = make_agent(
+            tmp_path, url, socket_path=None, input_dir=str(spool), flush_interval_s=0.2
+        )
         agent.start()
         assert wait_for(lambda: accepted_on_service(url) == 200)
         agent.stop()

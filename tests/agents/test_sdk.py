@@ -13,7 +13,9 @@ from agents.sdk import Recorder
 def test_records_without_any_agent_are_kept_not_raised(tmp_path: Path) -> None:
     rec = Recorder("j", socket_path=str(tmp_path / "absent.sock"), flush_interval_s=0.01)
     for i in range(1000):
-        rec.record_collective(rank=0, comm="c", seq=i, op="allreduce", nbytes=1, start_ns=i, end_ns=i + 1)
+        rec.record_collective(
+            rank=0, comm="c", seq=i, op="allreduce", nbytes=1, start_ns=i, end_ns=i + 1
+        )
     with rec.step(rank=0, step=0):
         pass
     assert rec.flush(timeout_s=0.3) is False  # nobody to hand it to
@@ -40,7 +42,9 @@ def test_socket_delivery_after_the_agent_appears(tmp_path: Path) -> None:
     rec = Recorder("j", socket_path=path, flush_interval_s=0.01)
     rec.register_rank(3, gpu=1, world_size=8)
     for i in range(500):
-        rec.record_collective(rank=3, comm="c", seq=i, op="allreduce", nbytes=8, start_ns=i, end_ns=i + 1)
+        rec.record_collective(
+            rank=3, comm="c", seq=i, op="allreduce", nbytes=8, start_ns=i, end_ns=i + 1
+        )
     time.sleep(0.1)  # agent not there yet: everything waits in the SDK
     server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     server.bind(path)

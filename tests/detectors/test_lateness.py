@@ -24,13 +24,17 @@ def test_pair_lateness_is_the_full_difference() -> None:
     st.lists(st.floats(0.0, 100.0), min_size=2, max_size=16),
     st.lists(st.floats(-5.0, 5.0), min_size=16, max_size=16),
 )
-def test_lateness_is_independent_of_clock_offsets(arrivals: list[float], offsets: list[float]) -> None:
+def test_lateness_is_independent_of_clock_offsets(
+    arrivals: list[float], offsets: list[float]
+) -> None:
     """Durations are taken on each host's own clock: shifting a host's clock changes nothing."""
     a = np.array(arrivals)
     exit_t = a.max() + 1.0
     true = exit_t - a
     shifted = (exit_t + np.array(offsets[: a.size])) - (a + np.array(offsets[: a.size]))
-    np.testing.assert_allclose(collective_lateness(true)[0], collective_lateness(shifted)[0], atol=1e-9)
+    np.testing.assert_allclose(
+        collective_lateness(true)[0], collective_lateness(shifted)[0], atol=1e-9
+    )
 
 
 def test_rows_are_independent() -> None:

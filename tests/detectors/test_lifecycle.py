@@ -3,7 +3,9 @@ import numpy as np
 from detectors.lifecycle import ConditionTracker, run_start
 
 
-def feed(tracker: ConditionTracker, flags: list[bool], elevated: list[bool] | None = None) -> list[tuple[int, str]]:
+def feed(
+    tracker: ConditionTracker, flags: list[bool], elevated: list[bool] | None = None
+) -> list[tuple[int, str]]:
     events = []
     for i, f in enumerate(flags):
         e = elevated[i] if elevated is not None else f

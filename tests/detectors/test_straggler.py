@@ -13,13 +13,25 @@ def frame(step_time, comm_time, late_tp, late_dp, *, index=0) -> Frame:
     calls = np.zeros((n, len(KINDS)))
     late[:, TP], late[:, DP] = late_tp, late_dp
     calls[:, TP] = calls[:, DP] = 4
-    return Frame(index, True, 0, int(1e9), np.array(step_time, float), np.array(comm_time, float),
-                 np.zeros(n), late, calls, 8 * n)
+    return Frame(
+        index,
+        True,
+        0,
+        int(1e9),
+        np.array(step_time, float),
+        np.array(comm_time, float),
+        np.zeros(n),
+        late,
+        calls,
+        8 * n,
+    )
 
 
 def groups_2x2() -> PeerGroups:
     # ranks 0,1 = TP group A; 2,3 = TP group B; DP groups {0,2} and {1,3}
-    return PeerGroups.from_groups([np.array([0, 1]), np.array([2, 3]), np.array([0, 2]), np.array([1, 3])])
+    return PeerGroups.from_groups(
+        [np.array([0, 1]), np.array([2, 3]), np.array([0, 2]), np.array([1, 3])]
+    )
 
 
 def test_min_rule_clears_a_waiting_tp_peer() -> None:
@@ -48,7 +60,8 @@ def test_peer_ratio_is_leave_one_out_and_minimum_over_groups() -> None:
 
 def test_compute_straggler_is_suspect_and_its_peers_are_not() -> None:
     det = PeerLatenessDetector()
-    # rank 0 computes 0.5 s more; peers wait for it in TP and DP; rank 1 waits in TP but is late in DP.
+    # rank 0 computes 0.5 s more; peers wait for it in TP and DP;
+    # rank 1 waits in TP but is late in DP.
     f = frame([1.5, 1.5, 1.5, 1.5], [0.1, 0.6, 0.6, 0.6], [0.5, 0, 0, 0], [0.5, 0.5, 0, 0])
     s = det.score(f, groups_2x2())
     assert s.suspect.tolist() == [True, False, False, False]
@@ -68,7 +81,18 @@ def test_score_is_permutation_invariant() -> None:
     inv = np.argsort(perm)
     g = groups_2x2()
     pg = PeerGroups(tuple(inv[s] for s in g.stacks))
-    pf = Frame(0, True, 0, int(1e9), f.step_time[perm], f.comm_time[perm], f.wait[perm], f.late[perm], f.calls[perm], f.collectives)
+    pf = Frame(
+        0,
+        True,
+        0,
+        int(1e9),
+        f.step_time[perm],
+        f.comm_time[perm],
+        f.wait[perm],
+        f.late[perm],
+        f.calls[perm],
+        f.collectives,
+    )
     a, b = det.score(f, g), det.score(pf, pg)
     assert b.suspect.tolist() == a.suspect[perm].tolist()
     np.testing.assert_allclose(b.compute_ratio, a.compute_ratio[perm])

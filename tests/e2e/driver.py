@@ -15,7 +15,9 @@ from agents.sdk import Recorder
 
 def main() -> None:
     sock_dir, job, seconds, out = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
-    recs = {h: Recorder(job, socket_path=f"{sock_dir}/h{h}.sock", flush_interval_s=0.02) for h in (0, 1)}
+    recs = {
+        h: Recorder(job, socket_path=f"{sock_dir}/h{h}.sock", flush_interval_s=0.02) for h in (0, 1)
+    }
     for h, rec in recs.items():
         for r in range(4 * h, 4 * h + 4):
             rec.register_rank(r, gpu=r % 4, world_size=8)
@@ -31,7 +33,15 @@ def main() -> None:
         end = max(arrive) + 1_000_000
         for r in range(8):
             rec = recs[r // 4]
-            rec.record_collective(rank=r, comm="world", seq=step, op="allreduce", nbytes=1024, start_ns=arrive[r], end_ns=end)
+            rec.record_collective(
+                rank=r,
+                comm="world",
+                seq=step,
+                op="allreduce",
+                nbytes=1024,
+                start_ns=arrive[r],
+                end_ns=end,
+            )
             rec.record_step(rank=r, step=step, start_ns=t0, end_ns=end)
             total += 2
         step += 1
@@ -39,8 +49,15 @@ def main() -> None:
     for rec in recs.values():
         rec.close()
     with open(out, "w") as fh:
-        json.dump({"records": total, "steps": step, "flushed": ok,
-                   "dropped": sum(r.stats.dropped for r in recs.values())}, fh)
+        json.dump(
+            {
+                "records": total,
+                "steps": step,
+                "flushed": ok,
+                "dropped": sum(r.stats.dropped for r in recs.values()),
+            },
+            fh,
+        )
 
 
 if __name__ == "__main__":

@@ -18,8 +18,13 @@ CLI = [sys.executable, "-m", "service.cli"]
 
 def env_for(db: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAILSLOW_")}
-    env.update({"FAILSLOW_DATABASE_URL": f"sqlite:///{db}", "FAILSLOW_DETECTION__INTERVAL_S": "0.1",
-                "PYTHONUNBUFFERED": "1"})
+    env.update(
+        {
+            "FAILSLOW_DATABASE_URL": f"sqlite:///{db}",
+            "FAILSLOW_DETECTION__INTERVAL_S": "0.1",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     return env
 
 

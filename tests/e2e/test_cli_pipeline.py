@@ -20,20 +20,55 @@ pytestmark = pytest.mark.e2e
 
 def test_simulate_replay_detects_the_injected_gpu(tmp_path: Path) -> None:
     out = tmp_path / "job.jsonl"
-    sim = subprocess.run(CLI + ["simulate", "--job", "cli-job", "--tp", "2", "--pp", "2", "--dp", "4",
-                                "--gpus-per-host", "4", "--steps", "100", "--seed", "5",
-                                "--fault", "slow_gpu:rank=11,start=45,factor=1.4", "--out", str(out)],
-                         capture_output=True, text=True, timeout=120)
+    sim = subprocess.run(
+        CLI
+        + [
+            "simulate",
+            "--job",
+            "cli-job",
+            "--tp",
+            "2",
+            "--pp",
+            "2",
+            "--dp",
+            "4",
+            "--gpus-per-host",
+            "4",
+            "--steps",
+            "100",
+            "--seed",
+            "5",
+            "--fault",
+            "slow_gpu:rank=11,start=45,factor=1.4",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert sim.returncode == 0, sim.stderr
     labels = json.loads((tmp_path / "job.jsonl.labels.json").read_text())
-    records = sum(len(e["collectives"]) + len(e["steps"]) for e in map(json.loads, out.read_text().splitlines()))
+    records = sum(
+        len(e["collectives"]) + len(e["steps"])
+        for e in map(json.loads, out.read_text().splitlines())
+    )
     port = free_port()
     with service(port, tmp_path / "db.sqlite", tmp_path / "service.log") as url:
-        rep = subprocess.run(CLI + ["replay", str(out), "--service", url, "--quiet"], capture_output=True,
-                             text=True, timeout=300, env=env_for(tmp_path / "unused.db"))
+        rep = subprocess.run(
+            CLI + ["replay", str(out), "--service", url, "--quiet"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env_for(tmp_path / "unused.db"),
+        )
         assert rep.returncode == 0, rep.stderr
         summary = json.loads(rep.stdout)
-        assert summary["accepted"] == records and summary["rejected"] == 0 and summary["duplicates"] == 0
+        assert (
+            summary["accepted"] == records
+            and summary["rejected"] == 0
+            and summary["duplicates"] == 0
+        )
         incidents = httpx.get(f"{url}/v1/jobs/cli-job/incidents").json()
     assert [(i["kind"], i["ranks"]) for i in incidents] == [("slow_gpu", [11])]
     onset = labels["faults"][0]["onset_ns"]
@@ -49,7 +84,9 @@ def test_simulate_replay_detects_the_injected_gpu(tmp_path: Path) -> None:
 T0 = 1_800_000_000_000_000_000
 
 
-def independent_job(job: str, slow_rank: int | None, onset_step: int, steps: int, seed: int) -> tuple[list[dict[str, Any]], int | None]:
+def independent_job(
+    job: str, slow_rank: int | None, onset_step: int, steps: int, seed: int
+) -> tuple[list[dict[str, Any]], int | None]:
     rng = random.Random(seed)
     hosts = {0: "alpha", 1: "beta"}
     offset = {0: 0, 1: 3_000_000}
@@ -57,7 +94,10 @@ def independent_job(job: str, slow_rank: int | None, onset_step: int, steps: int
     comm = {"comm": "world", "kind": "dp", "ranks": list(range(8))}
     t = 0.0
     onset_ns = None
-    per_host: dict[int, dict[str, list[dict[str, Any]]]] = {0: {"c": [], "s": []}, 1: {"c": [], "s": []}}
+    per_host: dict[int, dict[str, list[dict[str, Any]]]] = {
+        0: {"c": [], "s": []},
+        1: {"c": [], "s": []},
+    }
     envelopes: list[dict[str, Any]] = []
     for step in range(steps):
         if step == onset_step and slow_rank is not None:
@@ -72,17 +112,35 @@ def independent_job(job: str, slow_rank: int | None, onset_step: int, steps: int
         for r in range(8):
             h = r // 4
             ns = lambda x, h=h: T0 + int(x * 1e9) + offset[h]  # noqa: E731
-            per_host[h]["c"].append({"rank": r, "comm": "world", "seq": step, "op": "all_reduce",
-                                     "bytes": 1 << 26, "start_ns": ns(arrive[r]), "end_ns": ns(end)})
+            per_host[h]["c"].append(
+                {
+                    "rank": r,
+                    "comm": "world",
+                    "seq": step,
+                    "op": "all_reduce",
+                    "bytes": 1 << 26,
+                    "start_ns": ns(arrive[r]),
+                    "end_ns": ns(end),
+                }
+            )
             per_host[h]["s"].append({"rank": r, "step": step, "start_ns": ns(t), "end_ns": ns(end)})
         t = end
         if step % 4 == 3 or step == steps - 1:  # each host sends every 4 steps
             for h in (1, 0):  # out of order on purpose
-                envelopes.append({
-                    "job": job, "host": hosts[h], "sent_ns": T0 + int(t * 1e9) + offset[h],
-                    "ranks": [{"rank": r, "gpu": r % 4, "world_size": 8} for r in range(4 * h, 4 * h + 4)],
-                    "comms": [comm], "collectives": list(reversed(per_host[h]["c"])), "steps": per_host[h]["s"],
-                })
+                envelopes.append(
+                    {
+                        "job": job,
+                        "host": hosts[h],
+                        "sent_ns": T0 + int(t * 1e9) + offset[h],
+                        "ranks": [
+                            {"rank": r, "gpu": r % 4, "world_size": 8}
+                            for r in range(4 * h, 4 * h + 4)
+                        ],
+                        "comms": [comm],
+                        "collectives": list(reversed(per_host[h]["c"])),
+                        "steps": per_host[h]["s"],
+                    }
+                )
                 per_host[h] = {"c": [], "s": []}
     return envelopes, onset_ns
 
@@ -92,7 +150,10 @@ def test_independent_v1_client(tmp_path: Path, slow_rank: int | None) -> None:
     job = f"indep-{slow_rank}"
     envelopes, onset_ns = independent_job(job, slow_rank, onset_step=60, steps=150, seed=11)
     port = free_port()
-    with service(port, tmp_path / "db.sqlite", tmp_path / "service.log") as url, httpx.Client() as http:
+    with (
+        service(port, tmp_path / "db.sqlite", tmp_path / "service.log") as url,
+        httpx.Client() as http,
+    ):
         for env in envelopes:
             r = http.post(f"{url}/v1/ingest", json=env)
             assert r.status_code == 200 and r.json()["rejected"] == []

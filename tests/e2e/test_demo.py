@@ -14,8 +14,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_demo_fast(tmp_path: Path) -> None:
-    run = subprocess.run(CLI + ["demo", "--fast", "--port", str(free_port()), "--workdir", str(tmp_path / "demo")],
-                         capture_output=True, text=True, timeout=240, env=env_for(tmp_path / "unused.db"))
+    run = subprocess.run(
+        CLI + ["demo", "--fast", "--port", str(free_port()), "--workdir", str(tmp_path / "demo")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env_for(tmp_path / "unused.db"),
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     out = run.stdout
     assert "INCIDENT slow_gpu opened: GPU 5 on node-001 (rank 13)" in out

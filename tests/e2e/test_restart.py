@@ -34,13 +34,47 @@ def test_kill_and_restart_loses_nothing(tmp_path: Path) -> None:
     agents = []
     for h in (0, 1):
         state = tmp_path / f"agent{h}"
-        agents.append((state, spawn(CLI + [
-            "agent", "--service", url, "--job", JOB, "--host", f"h{h}", "--socket", str(tmp_path / f"h{h}.sock"),
-            "--state-dir", str(state), "--flush-interval", "0.2", "--heartbeat", "1", "--max-backoff", "0.5",
-        ], env_for(db), tmp_path / f"agent{h}.log")))
+        agents.append(
+            (
+                state,
+                spawn(
+                    CLI
+                    + [
+                        "agent",
+                        "--service",
+                        url,
+                        "--job",
+                        JOB,
+                        "--host",
+                        f"h{h}",
+                        "--socket",
+                        str(tmp_path / f"h{h}.sock"),
+                        "--state-dir",
+                        str(state),
+                        "--flush-interval",
+                        "0.2",
+                        "--heartbeat",
+                        "1",
+                        "--max-backoff",
+                        "0.5",
+                    ],
+                    env_for(db),
+                    tmp_path / f"agent{h}.log",
+                ),
+            )
+        )
     assert wait_for(lambda: all((tmp_path / f"h{h}.sock").exists() for h in (0, 1)))
     out = tmp_path / "driver.json"
-    driver = subprocess.Popen([sys.executable, str(Path(__file__).with_name("driver.py")), str(tmp_path), JOB, "8", str(out)])
+    driver = subprocess.Popen(
+        [
+            sys.executable,
+            str(Path(__file__).with_name("driver.py")),
+            str(tmp_path),
+            JOB,
+            "8",
+            str(out),
+        ]
+    )
     try:
         time.sleep(2.5)
         service.send_signal(signal.SIGKILL)  # no shutdown, no flush
@@ -50,9 +84,14 @@ def test_kill_and_restart_loses_nothing(tmp_path: Path) -> None:
         assert driver.wait(timeout=60) == 0
         fed = json.loads(out.read_text())
         assert fed["flushed"] and fed["dropped"] == 0
-        assert wait_for(lambda: all(
-            agent_stats(s).get("records_sealed") == agent_stats(s).get("records_in")
-            and agent_stats(s).get("outbox_envelopes") == 0 for s, _ in agents), timeout=60)
+        assert wait_for(
+            lambda: all(
+                agent_stats(s).get("records_sealed") == agent_stats(s).get("records_in")
+                and agent_stats(s).get("outbox_envelopes") == 0
+                for s, _ in agents
+            ),
+            timeout=60,
+        )
         ingest = httpx.get(f"{url}/v1/jobs/{JOB}").json()["ingest"]
         accepted = sum(h["accepted"] for h in ingest.values())
         assert accepted == fed["records"], (ingest, fed)

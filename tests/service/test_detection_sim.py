@@ -79,8 +79,13 @@ def test_intermittent_fault_is_reported_once() -> None:
 
 
 def test_without_step_records_time_frames_still_find_the_rank() -> None:
-    r = run(scenario(Fault("slow_gpu", 50, factor=1.5, ranks=(10,)), layout=Layout(tp=1, pp=4, dp=4, gpus_per_host=4)),
-            strip_steps=True)
+    r = run(
+        scenario(
+            Fault("slow_gpu", 50, factor=1.5, ranks=(10,)),
+            layout=Layout(tp=1, pp=4, dp=4, gpus_per_host=4),
+        ),
+        strip_steps=True,
+    )
     assert [rank for rank, _ in r.opened()] == [10]
     f = r.opened()[0][1]
     assert f.onset_index is None and f.has_steps is False
@@ -88,5 +93,7 @@ def test_without_step_records_time_frames_still_find_the_rank() -> None:
 
 
 def test_64_rank_default_layout() -> None:
-    r = run(Scenario(steps=90, noise=NOISY, faults=(Fault("slow_gpu", 50, factor=1.5, ranks=(37,)),)))
+    r = run(
+        Scenario(steps=90, noise=NOISY, faults=(Fault("slow_gpu", 50, factor=1.5, ranks=(37,)),))
+    )
     assert [(rk, f.onset_index, f.detected_index) for rk, f in r.opened()] == [(37, 50, 53)]

@@ -28,12 +28,20 @@ def one_step(k: int, late_rank: int = 3, late_ms: int = 30) -> tuple[dict, dict]
     arrive = {r: base + 50 * MS + (late_ms * MS if r == late_rank else 0) for r in range(4)}
     end = base + 50 * MS + late_ms * MS + 2 * MS
     h0, h1 = two_hosts()
-    e0 = envelope(host="h0", sent_ns=base + 100 * MS, **h0,
-                  collectives=[coll(r, k, arrive[r], end) for r in (0, 1)],
-                  steps=[step(r, k, base, base + 100 * MS) for r in (0, 1)])
-    e1 = envelope(host="h1", sent_ns=base + 100 * MS, **h1,
-                  collectives=[coll(r, k, arrive[r], end) for r in (2, 3)],
-                  steps=[step(r, k, base, base + 100 * MS) for r in (2, 3)])
+    e0 = envelope(
+        host="h0",
+        sent_ns=base + 100 * MS,
+        **h0,
+        collectives=[coll(r, k, arrive[r], end) for r in (0, 1)],
+        steps=[step(r, k, base, base + 100 * MS) for r in (0, 1)],
+    )
+    e1 = envelope(
+        host="h1",
+        sent_ns=base + 100 * MS,
+        **h1,
+        collectives=[coll(r, k, arrive[r], end) for r in (2, 3)],
+        steps=[step(r, k, base, base + 100 * MS) for r in (2, 3)],
+    )
     return e0, e1
 
 

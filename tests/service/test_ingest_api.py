@@ -18,12 +18,17 @@ def host_counts(client: TestClient, job: str = "job-a") -> dict[str, dict[str, i
 
 
 def post(client: TestClient, body: object, **kw: object):  # type: ignore[no-untyped-def]
-    return client.post("/v1/ingest", content=orjson.dumps(body), headers={"Content-Type": "application/json"}, **kw)
+    return client.post(
+        "/v1/ingest", content=orjson.dumps(body), headers={"Content-Type": "application/json"}, **kw
+    )
 
 
 def test_valid_envelope_is_accepted(client: TestClient) -> None:
     h0, _ = two_hosts()
-    r = post(client, envelope(**h0, collectives=[coll(0, 0, T0, T0 + MS)], steps=[step(0, 0, T0, T0 + 5 * MS)]))
+    r = post(
+        client,
+        envelope(**h0, collectives=[coll(0, 0, T0, T0 + MS)], steps=[step(0, 0, T0, T0 + 5 * MS)]),
+    )
     assert r.status_code == 200
     assert r.json() == {"accepted": 2, "duplicates": 0, "rejected": []}
 
@@ -41,7 +46,9 @@ def test_valid_envelope_is_accepted(client: TestClient) -> None:
         (orjson.dumps({"job": "j", "host": "h0", "sent_ns": T0, "agent": "a"}), "batch_seq"),
     ],
 )
-def test_malformed_envelope_is_rejected_whole_and_stores_nothing(client: TestClient, body: bytes, loc: str | None) -> None:
+def test_malformed_envelope_is_rejected_whole_and_stores_nothing(
+    client: TestClient, body: bytes, loc: str | None
+) -> None:
     r = client.post("/v1/ingest", content=body, headers={"Content-Type": "application/json"})
     assert r.status_code == 400
     assert r.headers["content-type"] == PROBLEM
@@ -88,7 +95,9 @@ def test_conflicting_comm_announcement_is_rejected(client: TestClient) -> None:
     h0, _ = two_hosts()
     assert post(client, envelope(**h0)).status_code == 200
     r = post(client, envelope(comms=[{"comm": "dp-0", "kind": "dp", "ranks": [0, 1]}]))
-    assert r.json()["rejected"] == [{"index": "comms[0]", "reason": "conflicting member list for comm dp-0"}]
+    assert r.json()["rejected"] == [
+        {"index": "comms[0]", "reason": "conflicting member list for comm dp-0"}
+    ]
 
 
 def test_rank_on_another_host_is_rejected(client: TestClient) -> None:
@@ -105,7 +114,9 @@ def test_identical_resend_is_a_duplicate_and_conflicts_are_rejected(client: Test
     assert post(client, env).json()["accepted"] == 2
     again = post(client, env).json()
     assert again == {"accepted": 0, "duplicates": 2, "rejected": []}
-    changed = envelope(**h0, collectives=[coll(0, 0, T0, T0 + 2 * MS)], steps=[step(0, 0, T0, T0 + 8 * MS)])
+    changed = envelope(
+        **h0, collectives=[coll(0, 0, T0, T0 + 2 * MS)], steps=[step(0, 0, T0, T0 + 8 * MS)]
+    )
     body = post(client, changed).json()
     assert [x["reason"] for x in body["rejected"]] == ["conflicting re-send of a stored record"] * 2
     counts = host_counts(client)["h0"]
@@ -137,21 +148,35 @@ def test_agent_batch_resend_is_recognised_whole(client: TestClient) -> None:
 def test_gzip_body(client: TestClient) -> None:
     h0, _ = two_hosts()
     raw = orjson.dumps(envelope(**h0, collectives=[coll(0, 0, T0, T0 + MS)]))
-    r = client.post("/v1/ingest", content=gzip.compress(raw),
-                    headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+    r = client.post(
+        "/v1/ingest",
+        content=gzip.compress(raw),
+        headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+    )
     assert r.status_code == 200 and r.json()["accepted"] == 1
 
 
 def test_bad_gzip_is_400(client: TestClient) -> None:
-    r = client.post("/v1/ingest", content=b"\x1f\x8bnot-really",
-                    headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+    r = client.post(
+        "/v1/ingest",
+        content=b"\x1f\x8bnot-really",
+        headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+    )
     assert r.status_code == 400 and r.headers["content-type"] == PROBLEM
 
 
 def test_wrong_content_type_is_415(client: TestClient) -> None:
-    r = client.post("/v1/ingest", content=b"job=x", headers={"Content-Type": "application/x-www-form-urlencoded"})
+    r = client.post(
+        "/v1/ingest",
+        content=b"job=x",
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
     assert r.status_code == 415 and r.headers["content-type"] == PROBLEM
-    r = client.post("/v1/ingest", content=b"{}", headers={"Content-Type": "application/json", "Content-Encoding": "br"})
+    r = client.post(
+        "/v1/ingest",
+        content=b"{}",
+        headers={"Content-Type": "application/json", "Content-Encoding": "br"},
+    )
     assert r.status_code == 415
 
 
@@ -164,7 +189,11 @@ def test_body_over_limit_is_413(client: TestClient) -> None:
 def test_gzip_bomb_is_413_without_inflating_it(client: TestClient) -> None:
     bomb = gzip.compress(b"{" + b" " * (200 * 1024 * 1024) + b"}", compresslevel=9)
     assert len(bomb) < 1024 * 1024
-    r = client.post("/v1/ingest", content=bomb, headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+    r = client.post(
+        "/v1/ingest",
+        content=bomb,
+        headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+    )
     assert r.status_code == 413
 
 

@@ -56,9 +56,16 @@ def test_ingest_counters(client: TestClient) -> None:
 
 
 def test_detection_metrics_and_bounded_rank_series(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    settings = Settings(database_url=f"sqlite:///{tmp_path}/m.db", detection=DetectionSettings(top_k=3))
-    sc = Scenario(job="m", layout=Layout(tp=2, pp=2, dp=4, gpus_per_host=4), steps=80,
-                  faults=(Fault("slow_gpu", 40, factor=1.5, ranks=(9,)),), seed=2)
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path}/m.db", detection=DetectionSettings(top_k=3)
+    )
+    sc = Scenario(
+        job="m",
+        layout=Layout(tp=2, pp=2, dp=4, gpus_per_host=4),
+        steps=80,
+        faults=(Fault("slow_gpu", 40, factor=1.5, ranks=(9,)),),
+        seed=2,
+    )
     with TestClient(create_app(settings)) as client:
         for env in sc.envelopes():
             client.post("/v1/ingest", json=env)

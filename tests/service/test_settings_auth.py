@@ -43,8 +43,12 @@ def test_cli_refuses_public_bind_without_tokens() -> None:
 
 @pytest.fixture
 def secured(db_url: str):  # type: ignore[no-untyped-def]
-    auth = AuthSettings(ingest_tokens=["agent-secret"], read_tokens=["reader-secret"],
-                        operator_tokens=["op-secret"], metrics_public=False)
+    auth = AuthSettings(
+        ingest_tokens=["agent-secret"],
+        read_tokens=["reader-secret"],
+        operator_tokens=["op-secret"],
+        metrics_public=False,
+    )
     with TestClient(create_app(Settings(database_url=db_url, auth=auth))) as c:
         yield c
 

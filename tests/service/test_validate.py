@@ -19,13 +19,26 @@ from service.ingest.validate import (
 )
 from service.ingest.wire import normalise_op
 
-ints = st.one_of(st.integers(-5, 2**64), st.booleans(), st.floats(allow_nan=False), st.none(), st.text(max_size=3))
+ints = st.one_of(
+    st.integers(-5, 2**64),
+    st.booleans(),
+    st.floats(allow_nan=False),
+    st.none(),
+    st.text(max_size=3),
+)
 records = st.fixed_dictionaries(
     {},
     optional={
-        "rank": ints, "comm": st.one_of(st.sampled_from(["dp-0", "a/b", "", "x" * 200]), ints),
-        "seq": ints, "op": st.one_of(st.sampled_from(["allreduce", "AllReduce", "send", "irecv", "gather", "x"]), ints),
-        "bytes": ints, "start_ns": ints, "end_ns": ints, "peer": ints,
+        "rank": ints,
+        "comm": st.one_of(st.sampled_from(["dp-0", "a/b", "", "x" * 200]), ints),
+        "seq": ints,
+        "op": st.one_of(
+            st.sampled_from(["allreduce", "AllReduce", "send", "irecv", "gather", "x"]), ints
+        ),
+        "bytes": ints,
+        "start_ns": ints,
+        "end_ns": ints,
+        "peer": ints,
     },
 )
 
@@ -45,9 +58,19 @@ def test_fast_and_slow_paths_agree(raw: Any) -> None:
 
 @pytest.mark.parametrize(
     "spelling,canonical",
-    [("AllReduce", "allreduce"), ("all_gather_into_tensor", "allgather"), ("_reduce_scatter_base", "reducescatter"),
-     ("all_to_all_single", "alltoall"), ("ncclBroadcast", "broadcast"), ("isend", "send"), ("irecv", "recv"),
-     ("allreduce_coalesced", "allreduce"), ("Barrier", "barrier"), ("gather", None), ("", None)],
+    [
+        ("AllReduce", "allreduce"),
+        ("all_gather_into_tensor", "allgather"),
+        ("_reduce_scatter_base", "reducescatter"),
+        ("all_to_all_single", "alltoall"),
+        ("ncclBroadcast", "broadcast"),
+        ("isend", "send"),
+        ("irecv", "recv"),
+        ("allreduce_coalesced", "allreduce"),
+        ("Barrier", "barrier"),
+        ("gather", None),
+        ("", None),
+    ],
 )
 def test_op_spellings(spelling: str, canonical: str | None) -> None:
     assert normalise_op(spelling) == canonical
@@ -61,8 +84,11 @@ def test_other_record_kinds() -> None:
     with pytest.raises(RecordError, match="rank must be < world_size"):
         parse_rank({"rank": 4, "world_size": 4})
     assert parse_comm({"comm": "c", "kind": "tp", "ranks": [2, 1]}).ranks == (2, 1)
-    for bad, msg in (({"comm": "c", "kind": "xx", "ranks": [1]}, "kind"), ({"comm": "c", "kind": "dp", "ranks": [1, 1]}, "distinct"),
-                     ({"comm": "c", "kind": "p2p", "ranks": [1, 2, 3]}, "exactly two")):
+    for bad, msg in (
+        ({"comm": "c", "kind": "xx", "ranks": [1]}, "kind"),
+        ({"comm": "c", "kind": "dp", "ranks": [1, 1]}, "distinct"),
+        ({"comm": "c", "kind": "p2p", "ranks": [1, 2, 3]}, "exactly two"),
+    ):
         with pytest.raises(RecordError, match=msg):
             parse_comm(bad)
 
