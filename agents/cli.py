@@ -21,6 +21,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s agent: %(message)s"
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per POST is noise
     socket_path = args.socket
     if socket_path is None and args.input_dir is None:
         socket_path = default_socket(args.job)
