@@ -183,3 +183,24 @@ def test_openapi_matches_the_spec(streamed) -> None:  # type: ignore[no-untyped-
     }
     states = paths["/v1/jobs/{job}/incidents"]["get"]["parameters"][1]["schema"]
     assert set(states["enum"]) == {"open", "resolved", "all"}
+
+
+def test_history_is_downsampled_per_rank_and_job(streamed) -> None:  # type: ignore[no-untyped-def]
+    from sqlalchemy import select
+
+    from service.jobs.models import JobHistory, RankHistory
+
+    client, _ = streamed
+    ctx = client.app.state.ctx
+    with ctx.sessions() as s:
+        jobs = s.scalars(select(JobHistory).order_by(JobHistory.bucket)).all()
+        rank6 = {r.bucket: r for r in s.scalars(select(RankHistory).where(RankHistory.rank == 6))}
+        rows = s.scalars(select(RankHistory)).all()
+    assert [j.bucket for j in jobs] == list(range(0, 110, 10))  # one row per 10 steps
+    assert sum(j.steps for j in jobs) == 110
+    assert len(rows) == 16 * 11  # per rank per bucket, not per record
+    # the fault (steps 40-80) shows in rank 6's bucket means, and its job slowdown
+    assert rank6[50].lateness_s > 0.05 and rank6[10].lateness_s < 0.01
+    assert rank6[50].score < 0.75 < rank6[10].score
+    by_bucket = {j.bucket: j for j in jobs}
+    assert by_bucket[50].slowdown > 1.2 and by_bucket[10].slowdown < 1.05
