@@ -218,6 +218,8 @@ class OnlineChangeDetector:
         self.values: deque[float] = deque(maxlen=window)
         self.t = 0  # samples seen
         self.pending: int | None = None  # sample index of the first unconfirmed alarm
+        self.attempt = 0  # confirmation attempts for the pending alarm
+        self.max_attempts = 2  # after confirm_after and 2 x confirm_after samples
         self.points: list[ChangePoint] = []
         self.confirmations = 0
 
@@ -240,10 +242,19 @@ class OnlineChangeDetector:
         if not np.isfinite(v):
             return []
         if self.bocpd.count[0] > 2 and self.alarm() and self.pending is None:
-            self.pending = t
-        if self.pending is not None and t - self.pending >= self.confirm_after:
-            self.pending = None
-            return self._confirm()
+            self.pending, self.attempt = t, 0
+        if self.pending is not None and t - self.pending >= self.confirm_after << self.attempt:
+            # A change needs enough samples after it to stand out: retry at doubling delays
+            # until one near the alarm is confirmed, or give up.
+            alarm = self.pending
+            found = self._confirm()
+            near = any(
+                abs(p.index - alarm) <= self.confirm_after + self.min_size for p in self.points
+            )
+            self.attempt += 1
+            if near or self.attempt >= self.max_attempts:
+                self.pending = None
+            return found
         return []
 
     def flush(self) -> list[ChangePoint]:

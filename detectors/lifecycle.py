@@ -107,3 +107,37 @@ def run_start(flags: np.ndarray, *, max_gap: int = 1) -> int:
             if gap > max_gap:
                 break
     return start
+
+
+class KeyedTracker:
+    """A :class:`ConditionTracker` over subjects named by strings (hosts, links, the job)."""
+
+    def __init__(self, **kwargs: int) -> None:
+        self.tracker = ConditionTracker(**kwargs)
+        self.index: dict[str, int] = {}
+        self.names: list[str] = []
+
+    def _slot(self, key: str) -> int:
+        i = self.index.get(key)
+        if i is None:
+            i = self.index[key] = len(self.names)
+            self.names.append(key)
+            self.tracker.ensure(len(self.names))
+        return i
+
+    def seed_open(self, key: str) -> None:
+        self.tracker.seed_open(self._slot(key))
+
+    def is_open(self, key: str) -> bool:
+        i = self.index.get(key)
+        return i is not None and bool(self.tracker.open[i])
+
+    def update(self, suspect: set[str], elevated: set[str]) -> tuple[list[str], list[str]]:
+        """Advance one frame for every known subject; returns (opened, resolved) names."""
+        for key in suspect | elevated:
+            self._slot(key)
+        n = len(self.names)
+        sus = np.array([k in suspect for k in self.names], dtype=bool)
+        ele = np.array([k in elevated for k in self.names], dtype=bool)
+        tr = self.tracker.update(sus, ele | sus, np.ones(n, dtype=bool))
+        return [self.names[i] for i in tr.opened], [self.names[i] for i in tr.resolved]

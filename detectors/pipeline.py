@@ -1,7 +1,11 @@
-"""Per-job detection pipeline: frames in, findings (opened / updated / resolved) out.
+"""Per-job detection pipeline: frames (and hang snapshots) in, findings out.
 
-Pure and clock-free: everything it knows arrives in frames; ``detected_ns`` is the end of the
-newest frame a decision used, so detection delay does not depend on replay speed.
+Fusion: every detector proposes suspects per frame; one tracker per incident kind turns them into
+persistent conditions (persistence before opening, hysteresis before resolving). A slow host
+explains its ranks (no slow_gpu for them); a job-wide slowdown is only reported when no culprit
+(GPU, node or link) is suspected. Onsets are dated by change points on the subject's own signal.
+Pure and clock-free: ``detected_ns`` is the end of the newest frame a decision used, so detection
+delay does not depend on replay speed.
 """
 
 from __future__ import annotations
@@ -13,53 +17,51 @@ from typing import Any
 
 import numpy as np
 
-from detectors.lifecycle import ConditionTracker, run_start
-from detectors.straggler import FrameScores, PeerLatenessDetector
-from detectors.types import Frame, PeerGroups
+from detectors.changepoint import OnlineChangeDetector
+from detectors.findings import Finding, date_onset, rounded
+from detectors.hang import HangDetector, HangFinding, HangSnapshot
+from detectors.lifecycle import ConditionTracker, KeyedTracker
+from detectors.link import LinkDetector, LinkScores
+from detectors.straggler import (
+    FrameScores,
+    NodeScores,
+    PeerLatenessDetector,
+    node_scores,
+    peer_ratio,
+)
+from detectors.types import Frame, JobShape
 
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """A change of a persistent condition, with the numbers and the reason behind it."""
-
-    kind: str
-    status: str  # "opened" | "updated" | "resolved"
-    slots: tuple[int, ...]
-    onset_index: int | None
-    onset_ns: int
-    detected_index: int | None
-    detected_ns: int
-    slowdown: float | None
-    subject_slowdown: float | None
-    confidence: float
-    reason: str
-    evidence: dict[str, Any] = field(default_factory=dict)
-    has_steps: bool = True
+__all__ = ["Finding", "JobPipeline"]
 
 
 @dataclass(slots=True)
 class _Open:
+    kind: str
     onset_pos: int  # absolute frame counter of the onset
     onset_index: int
     onset_ns: int
     detected_index: int
     detected_ns: int
+    slots: tuple[int, ...] = ()
+    hosts: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _f(x: float | np.floating | None, nd: int = 4) -> float | None:
-    if x is None or not np.isfinite(x):
-        return None
-    return round(float(x), nd)
+def _med(a: np.ndarray) -> float:
+    a = np.asarray(a, dtype=np.float64)
+    return float(np.nanmedian(a)) if np.isfinite(a).any() else float("nan")
 
 
 class JobPipeline:
-    """Detector state for one job: a ring of recent frame scores, a tracker, a baseline."""
+    """Detector state for one job: rings of recent scores, trackers per kind, baselines."""
 
     def __init__(
         self,
         *,
         late_fraction: float = 0.03,
         compute_ratio: float = 1.05,
+        link_ratio: float = 0.85,
+        job_slowdown_ratio: float = 1.1,
         window: int = 5,
         open_after: int = 4,
         resolve_after: int = 8,
@@ -68,13 +70,23 @@ class JobPipeline:
         baseline_block: int = 10,
         history: int = 64,
         update_every: int = 5,
+        hang_floor_s: float = 2.0,
+        dead_after_s: float = 5.0,
     ) -> None:
         self.detector = PeerLatenessDetector(
             late_fraction=late_fraction, compute_ratio=compute_ratio
         )
-        self.tracker = ConditionTracker(
-            window=window, open_after=open_after, resolve_after=resolve_after
-        )
+        self.links = LinkDetector(slow_ratio=link_ratio)
+        self.hangs = HangDetector(floor_s=hang_floor_s, dead_after_s=dead_after_s)
+        self.job_cpd = OnlineChangeDetector()
+        track = {"window": window, "open_after": open_after, "resolve_after": resolve_after}
+        self.tracker = ConditionTracker(**track)  # slow_gpu, over rank slots
+        self.hosts = ConditionTracker(**track)  # slow_node, over host indices
+        self.link_keys = KeyedTracker(**track)  # slow_link subjects
+        self.job_keys = KeyedTracker(**track)  # the job_slowdown subject
+        self.late_fraction = late_fraction
+        self.compute_ratio = compute_ratio
+        self.job_slowdown_ratio = job_slowdown_ratio
         self.window = window
         self.warmup_frames = warmup_frames
         self.update_every = update_every
@@ -91,79 +103,108 @@ class JobPipeline:
         self.compute = np.zeros((0, history), dtype=np.float32)
         self.late = np.zeros((0, history), dtype=np.float32)
         self.ratio = np.zeros((0, history), dtype=np.float32)
-        # Baseline: the fastest sustained step time recently seen. Faults only slow a job down, so
-        # the minimum over block medians ignores them (and checkpoint stalls) without needing to
-        # know when they happened; a lasting legitimate slow-down is adopted once the faster
+        self.cross = np.zeros((0, history), dtype=np.float32)
+        self.link_ratio = np.zeros((0, history), dtype=np.float32)
+        # Baseline: the fastest sustained step time recently seen. Faults only slow a job down,
+        # so the minimum over block medians ignores them (and checkpoint stalls) without needing
+        # to know when they happened; a lasting legitimate slow-down is adopted once the faster
         # blocks age out of the window.
         self.block = baseline_block
         self._block: list[float] = []
         self.blocks: deque[float] = deque(maxlen=max(1, baseline_frames // baseline_block))
-        self.opened: dict[int, _Open] = {}
+        self.opened: dict[tuple[str, str], _Open] = {}
         self.has_steps = True
         self.last_scores: FrameScores | None = None
+        self.last_links: LinkScores | None = None
+        self.shape: JobShape | None = None
+        self.comm_typical = np.zeros(0)  # per comm: EWMA of the mean transfer time (s)
 
     # -- state ---------------------------------------------------------------------------------
-    def _ensure(self, n: int) -> None:
-        if n <= self.n:
-            return
-        extra = n - self.n
-        self.elevated = np.vstack([self.elevated, np.zeros((extra, self.h), bool)])
-        self.suspect = np.vstack([self.suspect, np.zeros((extra, self.h), bool)])
-        for name in ("compute", "late", "ratio"):
-            arr = getattr(self, name)
-            setattr(self, name, np.vstack([arr, np.full((extra, self.h), np.nan, np.float32)]))
-        self.tracker.ensure(n)
-        self.n = n
+    def _ensure(self, n: int, n_comms: int) -> None:
+        if n > self.n:
+            extra = n - self.n
+            self.elevated = np.vstack([self.elevated, np.zeros((extra, self.h), bool)])
+            self.suspect = np.vstack([self.suspect, np.zeros((extra, self.h), bool)])
+            for name in ("compute", "late", "ratio", "cross"):
+                arr = getattr(self, name)
+                setattr(self, name, np.vstack([arr, np.full((extra, self.h), np.nan, np.float32)]))
+            self.tracker.ensure(n)
+            self.n = n
+        if n_comms > self.link_ratio.shape[0]:
+            extra = n_comms - self.link_ratio.shape[0]
+            self.link_ratio = np.vstack(
+                [self.link_ratio, np.full((extra, self.h), np.nan, np.float32)]
+            )
+            self.comm_typical = np.concatenate([self.comm_typical, np.full(extra, np.nan)])
 
-    def seed_open(self, slot: int, *, onset_index: int | None, onset_ns: int) -> None:
+    def seed_open(
+        self,
+        kind: str,
+        subject: str,
+        *,
+        slots: tuple[int, ...],
+        hosts: tuple[str, ...],
+        onset_index: int | None,
+        onset_ns: int,
+        host_index: int | None = None,
+    ) -> None:
         """Resume an incident that was open before a restart."""
-        self._ensure(slot + 1)
-        self.tracker.seed_open(slot)
         idx = onset_index if onset_index is not None else -1
-        self.opened[slot] = _Open(self.count, idx, onset_ns, idx, onset_ns)
+        info = _Open(kind, self.count, idx, onset_ns, idx, onset_ns, slots, hosts)
+        if kind == "slow_gpu" and slots:
+            self._ensure(slots[0] + 1, 0)
+            self.tracker.seed_open(slots[0])
+        elif kind == "slow_node" and host_index is not None:
+            self.hosts.ensure(host_index + 1)
+            self.hosts.seed_open(host_index)
+        elif kind == "slow_link":
+            self.link_keys.seed_open(f"{kind}/{subject}")
+        elif kind == "job_slowdown":
+            self.job_keys.seed_open(f"{kind}/{subject}")
+        self.opened[(kind, subject)] = info
 
     def _positions(self, since: int) -> np.ndarray:
         """Ring positions of frames with absolute counter >= since (oldest first)."""
         first = max(since, self.count - self.h, 0)
         return np.arange(first, self.count) % self.h
 
+    def baseline(self) -> float:
+        """Healthy job step time (NaN until one block of frames after warm-up was seen)."""
+        return min(self.blocks) if self.blocks else float("nan")
+
     # -- processing ----------------------------------------------------------------------------
-    def process(self, frame: Frame, groups: PeerGroups) -> list[Finding]:
-        self._ensure(frame.n)
-        scores = self.detector.score(frame, groups)
-        self.last_scores = scores
+    def process(self, frame: Frame, shape: JobShape) -> list[Finding]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices: ranks without data
+            return self._process(frame, shape)
+
+    def _process(self, frame: Frame, shape: JobShape) -> list[Finding]:
+        self.shape = shape
+        n_comms = shape.comm_kind.size
+        self._ensure(frame.n, n_comms)
+        scores = self.detector.score(frame, shape.groups)
+        nodes = node_scores(
+            frame, scores, shape, late_fraction=self.late_fraction, compute_ratio=self.compute_ratio
+        )
+        links = self.links.score(frame, shape)
+        self.last_scores, self.last_links = scores, links
         self.has_steps = frame.has_steps
-        n = frame.n
-        p = self.count % self.h
-        self.f_index[p] = frame.index
-        self.f_start[p] = frame.start_ns
-        self.f_end[p] = frame.end_ns
-        self.f_time[p] = scores.frame_time if frame.has_steps else np.nan
-        self.f_norm[p] = scores.frame_time
-        self.elevated[:n, p] = scores.elevated
-        self.suspect[:n, p] = scores.suspect
-        self.compute[:n, p] = scores.compute
-        self.late[:n, p] = scores.late
-        self.ratio[:n, p] = scores.compute_ratio
-        self.elevated[n:, p] = False
-        self.suspect[n:, p] = False
-        self.compute[n:, p] = np.nan
-        self.late[n:, p] = np.nan
-        self.ratio[n:, p] = np.nan
+        self._record(frame, scores, nodes, links, n_comms)
         self.count += 1
+        if frame.has_steps and np.isfinite(scores.frame_time):
+            self.job_cpd.update(scores.frame_time)
         if self.count <= self.warmup_frames:
             return []
-        present = np.isfinite(scores.late)
-        trans = self.tracker.update(scores.suspect, scores.elevated, present)
         findings: list[Finding] = []
-        for slot in trans.opened.tolist():
-            findings.append(self._open(int(slot), frame))
-        for slot in trans.resolved.tolist():
-            findings.append(self._resolve(int(slot), frame))
+        findings += self._ranks(frame, scores, nodes)
+        findings += self._nodes(frame, nodes)
+        findings += self._links(frame, links)
+        findings += self._job(frame, scores, nodes, links)
         if self.update_every and self.count % self.update_every == 0:
-            for slot, info in self.opened.items():
-                if slot not in trans.opened:
-                    findings.append(self._finding("updated", slot, info, frame))
+            fresh = {(f.kind, f.subject) for f in findings}
+            for key, info in list(self.opened.items()):
+                if key not in fresh and info.kind != "hang":
+                    findings.append(self._finding("updated", info, key[1], frame))
         if frame.has_steps and np.isfinite(scores.frame_time):
             self._block.append(scores.frame_time)
             if len(self._block) >= self.block:
@@ -171,43 +212,386 @@ class JobPipeline:
                 self._block = []
         return findings
 
-    def baseline(self) -> float:
-        """Healthy job step time (NaN until one block of frames after warm-up was seen)."""
-        return min(self.blocks) if self.blocks else float("nan")
+    def _record(
+        self, frame: Frame, s: FrameScores, nodes: NodeScores, links: LinkScores, n_comms: int
+    ) -> None:
+        n = frame.n
+        p = self.count % self.h
+        self.f_index[p], self.f_start[p], self.f_end[p] = frame.index, frame.start_ns, frame.end_ns
+        self.f_time[p] = s.frame_time if frame.has_steps else np.nan
+        self.f_norm[p] = s.frame_time
+        self.elevated[:, p] = False
+        self.suspect[:, p] = False
+        self.elevated[:n, p] = s.elevated
+        self.suspect[:n, p] = s.suspect
+        for name, values in (("compute", s.compute), ("late", s.late), ("ratio", s.compute_ratio)):
+            arr = getattr(self, name)
+            arr[:, p] = np.nan
+            arr[:n, p] = values
+        self.cross[:, p] = np.nan
+        if self.shape is not None:
+            self.cross[:n, p] = peer_ratio(s.compute, self.shape.cross_groups)
+        self.link_ratio[:, p] = np.nan
+        m = min(n_comms, links.ratio.size)
+        self.link_ratio[:m, p] = links.ratio[:m]
+        calls = frame.comm_calls[:n_comms]
+        if calls.size:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                mean = np.where(calls > 0, frame.comm_transfer[:n_comms] / calls, np.nan)
+            t = self.comm_typical[: mean.size]
+            self.comm_typical[: mean.size] = np.where(
+                np.isnan(t), mean, np.where(np.isnan(mean), t, 0.9 * t + 0.1 * mean)
+            )
 
-    def _open(self, slot: int, frame: Frame) -> Finding:
-        pos = self._positions(0)
-        start = run_start(self.elevated[slot, pos])
-        onset_pos = self.count - len(pos) + start
+    # -- kinds ---------------------------------------------------------------------------------
+    def _ranks(self, frame: Frame, s: FrameScores, nodes: NodeScores) -> list[Finding]:
+        shape = self.shape
+        assert shape is not None
+        host = (
+            shape.host_of_slot[: frame.n]
+            if shape.host_of_slot.size >= frame.n
+            else np.full(frame.n, -1)
+        )
+        on_slow_host = np.zeros(frame.n, dtype=bool)
+        self.hosts.ensure(nodes.suspect.size)
+        bad_hosts = np.flatnonzero(nodes.suspect | self.hosts.open[: nodes.suspect.size])
+        if bad_hosts.size:
+            on_slow_host = np.isin(host, bad_hosts)
+        suspect = s.suspect & ~on_slow_host  # the node explains them
+        trans = self.tracker.update(suspect, s.elevated, np.isfinite(s.late))
+        out = []
+        for slot in trans.opened.tolist():
+            pos = self._positions(0)
+            signal = (
+                self.ratio[slot, pos]
+                if np.isfinite(self.ratio[slot, pos]).sum() >= 7
+                else self.late[slot, pos]
+            )
+            start = date_onset(signal, self.elevated[slot, pos])
+            info = self._open("slow_gpu", start, len(pos), frame, slots=(int(slot),))
+            hostname = shape.hosts[host[slot]] if host[slot] >= 0 else None
+            info.hosts = (hostname,) if hostname else ()
+            self.opened[("slow_gpu", f"slot:{slot}")] = info
+            out.append(self._finding("opened", info, f"slot:{slot}", frame))
+        for slot in trans.resolved.tolist():
+            info = self.opened.pop(("slow_gpu", f"slot:{slot}"), None) or self._open(
+                "slow_gpu",
+                len(self._positions(0)) - 1,
+                len(self._positions(0)),
+                frame,
+                slots=(int(slot),),
+            )
+            out.append(self._finding("resolved", info, f"slot:{slot}", frame))
+        return out
+
+    def _nodes(self, frame: Frame, nodes: NodeScores) -> list[Finding]:
+        shape = self.shape
+        assert shape is not None
+        n_hosts = nodes.suspect.size
+        self.hosts.ensure(n_hosts)
+        trans = self.hosts.update(
+            nodes.suspect, nodes.elevated | nodes.suspect, np.isfinite(nodes.ratio)
+        )
+        out = []
+        host = shape.host_of_slot[: frame.n]
+        for h in trans.opened.tolist():
+            pos = self._positions(0)
+            members = np.flatnonzero(host == h)
+            signal = (
+                np.nanmedian(self.cross[members][:, pos], axis=0)
+                if members.size
+                else np.zeros(pos.size)
+            )
+            flags = (
+                np.nanmedian(self.cross[members][:, pos], axis=0)
+                >= 1 + (self.compute_ratio - 1) / 2
+            )
+            start = date_onset(signal, flags)
+            info = self._open(
+                "slow_node", start, len(pos), frame, slots=tuple(int(m) for m in members)
+            )
+            info.hosts = (shape.hosts[h],)
+            self.opened[("slow_node", f"host:{shape.hosts[h]}")] = info
+            out.append(self._finding("opened", info, f"host:{shape.hosts[h]}", frame))
+        for h in trans.resolved.tolist():
+            key = ("slow_node", f"host:{shape.hosts[h]}")
+            info = self.opened.pop(key, None)
+            if info is not None:
+                out.append(self._finding("resolved", info, key[1], frame))
+        return out
+
+    def _links(self, frame: Frame, links: LinkScores) -> list[Finding]:
+        shape = self.shape
+        assert shape is not None
+        suspects = {f"slow_link/{k}" for k in links.suspects}
+        # keep an open link subject "elevated" while any of its comms stays below the relaxed ratio
+        elevated = set()
+        for (kind, subject), info in self.opened.items():
+            if kind == "slow_link":
+                comms = info.extra.get("comms", [])
+                if any(c < links.elevated.size and links.elevated[c] for c in comms):
+                    elevated.add(f"slow_link/{subject}")
+        opened, resolved = self.link_keys.update(suspects, elevated)
+        out = []
+        for key in opened:
+            if not key.startswith("slow_link/"):
+                continue
+            subject = key.split("/", 1)[1]
+            hosts, _slow, edges = links.suspects.get(subject, ((), float("nan"), ()))
+            host_idx = {shape.hosts.index(h) for h in hosts if h in shape.hosts}
+            comms = [
+                c
+                for c in range(links.slow.size)
+                if links.slow[c] and host_idx & set(shape.comm_hosts[c])
+            ]
+            pos = self._positions(0)
+            signal = (
+                np.nanmedian(self.link_ratio[comms][:, pos], axis=0)
+                if comms
+                else np.zeros(pos.size)
+            )
+            flags = signal < self.links.relaxed_ratio
+            start = date_onset(signal, flags, increase=False)
+            info = self._open("slow_link", start, len(pos), frame)
+            info.hosts = tuple(hosts)
+            info.extra = {"comms": comms, "edges": [list(e) for e in edges]}
+            self.opened[("slow_link", subject)] = info
+            out.append(self._finding("opened", info, subject, frame))
+        for key in resolved:
+            if not key.startswith("slow_link/"):
+                continue
+            subject = key.split("/", 1)[1]
+            info = self.opened.pop(("slow_link", subject), None)
+            if info is not None:
+                out.append(self._finding("resolved", info, subject, frame))
+        return out
+
+    def _job(
+        self, frame: Frame, s: FrameScores, nodes: NodeScores, links: LinkScores
+    ) -> list[Finding]:
+        """A job-wide slowdown: the step time shifted up (confirmed change point, >= 10%) and no
+        GPU, node or link is suspected or blamed."""
+        if not frame.has_steps:
+            return []
+        base = self.baseline()
+        recent = self.f_time[self._positions(self.count - self.window)]
+        now = _med(recent)
+        culprit = bool(s.suspect.any() or nodes.suspect.any() or links.suspects) or any(
+            info.kind in ("slow_gpu", "slow_node", "slow_link", "hang")
+            for info in self.opened.values()
+        )
+        ratio = now / base if np.isfinite(base) and base > 0 else float("nan")
+        cps = self.job_cpd.points
+        shifted = bool(cps) and cps[-1].after >= self.job_slowdown_ratio * cps[-1].before
+        suspect = (
+            {"job_slowdown/job"}
+            if (ratio >= self.job_slowdown_ratio and shifted and not culprit)
+            else set()
+        )
+        elevated = {"job_slowdown/job"} if ratio >= 1 + (self.job_slowdown_ratio - 1) / 2 else set()
+        opened, resolved = self.job_keys.update(suspect, elevated)
+        out = []
+        if "job_slowdown/job" in opened:
+            pos = self._positions(0)
+            first = self.count - len(pos)
+            cp_index = cps[-1].index if cps else None  # sample index = frame counter (steps only)
+            start = (
+                (cp_index - first) if cp_index is not None and cp_index >= first else len(pos) - 1
+            )
+            info = self._open("job_slowdown", start, len(pos), frame)
+            self.opened[("job_slowdown", "job")] = info
+            out.append(self._finding("opened", info, "job", frame))
+        if "job_slowdown/job" in resolved:
+            info = self.opened.pop(("job_slowdown", "job"), None)
+            if info is not None:
+                out.append(self._finding("resolved", info, "job", frame))
+        return out
+
+    # -- hangs ---------------------------------------------------------------------------------
+    def check_hang(self, snap: HangSnapshot, slot_of_rank: dict[int, int]) -> list[Finding]:
+        """Called every pass (frames stop closing while a job hangs)."""
+        found = self.hangs.analyse(snap)
+        key = ("hang", "job")
+        info = self.opened.get(key)
+        if found is None:
+            if info is not None and snap.last_progress_ns > info.onset_ns:
+                self.opened.pop(key)
+                return [self._hang_finding("resolved", info, None, snap)]
+            return []
+        slots = tuple(slot_of_rank[r] for r in found.roots if r in slot_of_rank)
+        if info is None:
+            info = _Open(
+                "hang", self.count, -1, found.onset_ns, -1, snap.now_ns, slots, found.hosts
+            )
+            self.opened[key] = info
+            return [self._hang_finding("opened", info, found, snap)]
+        if slots != info.slots or found.hosts != info.hosts:
+            info.slots, info.hosts = slots, found.hosts
+            return [self._hang_finding("updated", info, found, snap)]
+        return []
+
+    def _hang_finding(
+        self, status: str, info: _Open, found: HangFinding | None, snap: HangSnapshot
+    ) -> Finding:
+        reason = found.reason if found else "collectives progress again"
+        evidence: dict[str, Any] = dict(found.evidence) if found else {}
+        evidence.update(
+            {
+                "detector": "hang",
+                "method": "blocked collectives past an adaptive timeout, dependency analysis",
+            }
+        )
+        return Finding(
+            kind="hang",
+            status=status,
+            subject="job",
+            slots=info.slots,
+            hosts=info.hosts,
+            onset_index=None,
+            onset_ns=info.onset_ns,
+            detected_index=None,
+            detected_ns=snap.now_ns if status != "opened" or found else info.detected_ns,
+            slowdown=None,
+            subject_slowdown=None,
+            confidence=0.99 if info.slots else 0.6,
+            reason=reason,
+            evidence=evidence,
+            has_steps=self.has_steps,
+        )
+
+    # -- findings ------------------------------------------------------------------------------
+    def _open(
+        self, kind: str, start: int, ring_len: int, frame: Frame, *, slots: tuple[int, ...] = ()
+    ) -> _Open:
+        onset_pos = self.count - ring_len + start
         q = onset_pos % self.h
-        info = _Open(
-            onset_pos, int(self.f_index[q]), int(self.f_start[q]), frame.index, frame.end_ns
+        return _Open(
+            kind,
+            onset_pos,
+            int(self.f_index[q]),
+            int(self.f_start[q]),
+            frame.index,
+            frame.end_ns,
+            slots,
         )
-        self.opened[slot] = info
-        return self._finding("opened", slot, info, frame)
 
-    def _resolve(self, slot: int, frame: Frame) -> Finding:
-        info = self.opened.pop(slot, None) or _Open(
-            self.count, frame.index, frame.start_ns, frame.index, frame.end_ns
-        )
-        return self._finding("resolved", slot, info, frame)
-
-    def _finding(self, status: str, slot: int, info: _Open, frame: Frame) -> Finding:
+    def _finding(self, status: str, info: _Open, subject: str, frame: Frame) -> Finding:
         since = self._positions(info.onset_pos)
         recent = since[-self.window :] if since.size else self._positions(self.count - 1)
+        job_now = _med(self.f_time[since[-self.window :]] if since.size else self.f_time[recent])
+        base = self.baseline()
+        slowdown = job_now / base if np.isfinite(base) and base > 0 else float("nan")
+        frame_time = _med(self.f_norm[recent])
+        evidence: dict[str, Any] = {
+            "job_step_time_s": rounded(job_now, 6),
+            "baseline_step_time_s": rounded(base, 6),
+        }
+        subject_slowdown = float("nan")
+        confidence = 0.9
+        if info.kind == "slow_gpu":
+            subject_slowdown, confidence, reason, ev = self._gpu_numbers(
+                info, since, recent, frame, frame_time
+            )
+            evidence.update(ev)
+            late_s = ev.get("lateness_s") or 0.0
+            if np.isfinite(job_now) and job_now > late_s:
+                evidence["step_time_without_culprit_s"] = rounded(job_now - late_s, 6)
+                evidence["attributed_slowdown"] = rounded(job_now / (job_now - late_s))
+        elif info.kind == "slow_node":
+            members = list(info.slots)
+            ratio = _med(self.cross[members][:, recent]) if members else float("nan")
+            late = (
+                _med(np.nanmax(self.late[members][:, recent], axis=0)) if members else float("nan")
+            )
+            subject_slowdown = ratio
+            reason = (
+                f"{len(members)} ranks of {info.hosts[0]} compute {ratio:.2f}x their data-parallel peers on other"
+                f" hosts, together"
+            )
+            evidence.update(
+                {
+                    "detector": "slow_node",
+                    "compute_ratio": rounded(ratio),
+                    "lateness_s": rounded(late, 6),
+                    "method": "compute vs cross-host role peers, majority of the host's ranks",
+                }
+            )
+            if np.isfinite(job_now) and np.isfinite(late) and job_now > late:
+                evidence["attributed_slowdown"] = rounded(job_now / (job_now - late))
+        elif info.kind == "slow_link":
+            comms = info.extra.get("comms", [])
+            ratio = _med(self.link_ratio[comms][:, recent]) if comms else float("nan")
+            subject_slowdown = (
+                1.0 / ratio if ratio and np.isfinite(ratio) and ratio > 0 else float("nan")
+            )
+            edges = info.extra.get("edges", [])
+            where = (
+                f"the NIC of {info.hosts[0]}"
+                if len(info.hosts) == 1
+                else (
+                    f"the link between {info.hosts[0]} and {info.hosts[1]}"
+                    if len(edges) == 1
+                    else f"one of {len(edges)} ring links among {', '.join(info.hosts)} (passive data cannot tell which)"
+                )
+            )
+            reason = f"{len(comms)} communicators crossing {where} move data at {ratio:.0%} of their usual bus bandwidth"
+            evidence.update(
+                {
+                    "detector": "slow_link",
+                    "busbw_ratio": rounded(ratio),
+                    "communicators": len(comms),
+                    "candidate_edges": edges,
+                    "ambiguous": len(edges) > 1,
+                    "method": "bus bandwidth vs own best and same-kind peers; intersection of slow rings",
+                }
+            )
+        else:  # job_slowdown
+            subject_slowdown = slowdown
+            reason = f"job step time {job_now:.3f}s is {slowdown:.2f}x its baseline {base:.3f}s and no GPU, node or link is to blame"
+            evidence.update(
+                {
+                    "detector": "job_slowdown",
+                    "method": "BOCPD + ruptures change point on job step time",
+                }
+            )
+        if status == "resolved":
+            reason = f"condition absent for {self.tracker.resolve_after}+ frames; " + reason
+        evidence["reason"] = reason
+        detected_index = (
+            (frame.index if status == "resolved" else info.detected_index)
+            if frame.has_steps
+            else None
+        )
+        return Finding(
+            kind=info.kind,
+            status=status,
+            subject=subject,
+            slots=info.slots,
+            hosts=info.hosts,
+            onset_index=info.onset_index if frame.has_steps else None,
+            onset_ns=info.onset_ns,
+            detected_index=detected_index,
+            detected_ns=frame.end_ns if status == "resolved" else info.detected_ns,
+            slowdown=rounded(slowdown),
+            subject_slowdown=rounded(subject_slowdown),
+            confidence=round(confidence, 3),
+            reason=reason,
+            evidence=evidence,
+            has_steps=frame.has_steps,
+        )
+
+    def _gpu_numbers(
+        self, info: _Open, since: np.ndarray, recent: np.ndarray, frame: Frame, frame_time: float
+    ) -> tuple[float, float, str, dict[str, Any]]:
+        slot = info.slots[0]
         before = self._positions(info.onset_pos - self.h)
         before = before[: max(0, len(before) - len(since))]
-        late = self.late[slot, recent]
-        ratio = self.ratio[slot, recent]
+        late_s = _med(self.late[slot, recent])
+        ratio_now = _med(self.ratio[slot, recent])
         comp_now = self.compute[slot, since] if since.size else self.compute[slot, recent]
         comp_before = self.compute[slot, before]
-        med = lambda a: float(np.nanmedian(a)) if np.isfinite(a).any() else float("nan")  # noqa: E731
-        late_s = med(late)
-        frame_time = med(self.f_norm[recent])
-        ratio_now = med(ratio)
-        own_now, own_before = med(comp_now), med(comp_before)
+        own_now, own_before = _med(comp_now), _med(comp_before)
         own_ok = np.isfinite(own_before) and own_before > 0 and np.isfinite(own_now)
-        # In time frames "compute" is a share of a fixed bucket, so only peer ratios are meaningful.
         if frame.has_steps and own_ok and np.isfinite(comp_before).sum() >= 3:
             subject, basis = own_now / own_before, "own compute time now vs before onset"
         elif np.isfinite(ratio_now):
@@ -219,11 +603,6 @@ class JobPipeline:
             )
         else:
             subject, basis = float("nan"), "unknown"
-        job_now = med(
-            self.f_time[since[-max(self.window, 1) :]] if since.size else self.f_time[recent]
-        )
-        base = self.baseline()
-        slowdown = job_now / base if np.isfinite(base) and base > 0 else float("nan")
         late_fraction = (
             late_s / frame_time if frame_time and np.isfinite(frame_time) else float("nan")
         )
@@ -233,50 +612,26 @@ class JobPipeline:
             if np.isfinite(late_fraction)
             else 0.5
         )
-        confidence = round(max(0.0, min(0.99, (suspects / self.window) * strength)), 3)
-        if status == "resolved":
-            reason = (
-                f"no longer late for {self.tracker.resolve_after} consecutive frames "
-                f"(peers now wait {late_s * 1e3:.1f} ms per step)"
-            )
-        else:
-            reason = (
-                f"late in every communicator it uses in {suspects}/{self.window} recent frames: "
-                f"peers wait {late_s * 1e3:.1f} ms per step ({late_fraction:.1%} of step time)"
-            )
-            if np.isfinite(ratio_now):
-                reason += f"; compute {ratio_now:.2f}x its role peers"
+        confidence = max(0.0, min(0.99, (max(suspects, 1) / self.window) * strength))
+        reason = (
+            f"late in every communicator it uses in {suspects}/{self.window} recent frames: "
+            f"peers wait {late_s * 1e3:.1f} ms per step ({late_fraction:.1%} of step time)"
+        )
+        if np.isfinite(ratio_now):
+            reason += f"; compute {ratio_now:.2f}x its role peers"
         evidence = {
             "detector": "peer_lateness",
             "method": "clock-free lateness (min over comm kinds) + compute vs role peers",
-            "lateness_s": _f(late_s, 6),
-            "late_fraction": _f(late_fraction),
-            "compute_ratio": _f(ratio_now),
-            "compute_s": _f(own_now, 6),
-            "compute_before_s": _f(own_before, 6),
+            "lateness_s": rounded(late_s, 6),
+            "late_fraction": rounded(late_fraction),
+            "compute_ratio": rounded(ratio_now),
+            "compute_s": rounded(own_now, 6),
+            "compute_before_s": rounded(own_before, 6),
             "subject_slowdown_basis": basis,
             "suspect_frames": suspects,
             "window": self.window,
-            "job_step_time_s": _f(job_now, 6),
-            "baseline_step_time_s": _f(base, 6),
         }
-        return Finding(
-            kind="slow_gpu",
-            status=status,
-            slots=(slot,),
-            onset_index=info.onset_index if frame.has_steps else None,
-            onset_ns=info.onset_ns,
-            detected_index=(frame.index if status == "resolved" else info.detected_index)
-            if frame.has_steps
-            else None,
-            detected_ns=frame.end_ns if status == "resolved" else info.detected_ns,
-            slowdown=_f(slowdown),
-            subject_slowdown=_f(subject),
-            confidence=confidence,
-            reason=reason,
-            evidence=evidence,
-            has_steps=frame.has_steps,
-        )
+        return subject, confidence, reason, evidence
 
     # -- views ---------------------------------------------------------------------------------
     def job_view(self) -> dict[str, float | int | None]:
@@ -288,15 +643,14 @@ class JobPipeline:
                 "slowdown": None,
             }
         recent = self._positions(self.count - self.window)
-        times = self.f_time[recent]
-        now = float(np.nanmedian(times)) if np.isfinite(times).any() else float("nan")
+        now = _med(self.f_time[recent])
         base = self.baseline()
         last = (self.count - 1) % self.h
         return {
             "step": int(self.f_index[last]) if self.has_steps else None,
-            "step_time_s": _f(now, 6),
-            "baseline_step_time_s": _f(base, 6),
-            "slowdown": _f(now / base)
+            "step_time_s": rounded(now, 6),
+            "baseline_step_time_s": rounded(base, 6),
+            "slowdown": rounded(now / base)
             if np.isfinite(base) and base > 0 and np.isfinite(now)
             else None,
         }

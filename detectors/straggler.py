@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from detectors.robust import loo_median
-from detectors.types import KINDS, P2P, Frame, PeerGroups
+from detectors.types import KIND_INDEX, KINDS, P2P, Frame, JobShape, PeerGroups
 
 SYMMETRIC = np.array([i for i in range(len(KINDS)) if i != P2P])
 
@@ -119,3 +119,50 @@ class PeerLatenessDetector:
             suspect=np.nan_to_num(suspect, nan=0).astype(bool),
             elevated=np.nan_to_num(elevated, nan=0).astype(bool),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class NodeScores:
+    """Per host: is (most of) it slow compared with the same roles on other hosts?"""
+
+    suspect: np.ndarray  # (n_hosts,) bool
+    elevated: np.ndarray  # (n_hosts,) bool
+    ratio: np.ndarray  # (n_hosts,) median compute ratio of its ranks vs cross-host peers
+    rank_suspect: np.ndarray  # (n,) bool: the rank looks slow against cross-host peers
+
+
+def node_scores(
+    frame: Frame,
+    scores: FrameScores,
+    shape: JobShape,
+    *,
+    late_fraction: float,
+    compute_ratio: float,
+    relax: float = 0.5,
+    majority: float = 0.5,
+) -> NodeScores:
+    """A slow node: more than ``majority`` of a host's ranks (and at least two) compute slower
+    than their data-parallel peers on other hosts and make them wait. Inside the host they are
+    all equally slow, so the rank-level min rule does not blame any one of them."""
+    n_hosts = shape.n_hosts
+    n = frame.n
+    host = shape.host_of_slot[:n] if shape.host_of_slot.size >= n else np.full(n, -1)
+    ratio = peer_ratio(scores.compute, shape.cross_groups)
+    late = frame.late[:, KIND_INDEX["dp"]]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        late_frac = late / scores.frame_time
+    relaxed_ratio = 1.0 + (compute_ratio - 1.0) * relax
+    with np.errstate(invalid="ignore"):
+        sus = (ratio >= compute_ratio) & (late_frac >= late_fraction)
+        ele = (ratio >= relaxed_ratio) & (late_frac >= late_fraction * relax)
+    has = np.isfinite(ratio) & (host >= 0)
+    total = np.bincount(host[has], minlength=n_hosts).astype(float)
+    bad = np.bincount(host[has & sus], minlength=n_hosts).astype(float)
+    warm = np.bincount(host[has & ele], minlength=n_hosts).astype(float)
+    med = np.full(n_hosts, np.nan)
+    for h in np.flatnonzero(total > 0):
+        med[h] = float(np.median(ratio[has & (host == h)]))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        suspect = (total > 0) & (bad >= 2) & (bad / total > majority)
+        elevated = (total > 0) & (warm >= 2) & (warm / total > majority)
+    return NodeScores(suspect, elevated, med, np.nan_to_num(sus, nan=0).astype(bool) & has)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -31,6 +31,11 @@ class Frame:
     late: np.ndarray  # (n, len(KINDS)) time peers waited for this rank, per comm kind
     calls: np.ndarray  # (n, len(KINDS)) collectives this rank completed, per comm kind
     collectives: int  # collectives attributed to the frame
+    # Per communicator (by its dense index): summed transfer time (the last arriver's duration),
+    # summed effective bytes (bytes x bus factor) and number of collectives in this frame.
+    comm_transfer: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    comm_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    comm_calls: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     @property
     def n(self) -> int:
@@ -54,3 +59,37 @@ class PeerGroups:
             if g.size >= 2:
                 by_size.setdefault(int(g.size), []).append(np.asarray(g, dtype=np.int64))
         return PeerGroups(tuple(np.stack(v) for _, v in sorted(by_size.items())))
+
+
+@dataclass(frozen=True, slots=True)
+class JobShape:
+    """What detectors need to know about a job's topology, as dense arrays.
+
+    Built by the caller from the announced ranks and comms (and rebuilt when they change).
+    """
+
+    hosts: tuple[str, ...]  # host names by host index
+    host_of_slot: np.ndarray  # (n,) host index of each rank slot, -1 when unknown
+    groups: PeerGroups  # role peers: TP/DP/EP/CP groups (equal work)
+    cross_groups: PeerGroups  # role peers spanning hosts (DP-like): compare a host with others
+    comm_kind: np.ndarray  # (n_comms,) kind index of each comm
+    comm_size: np.ndarray  # (n_comms,) members
+    comm_hosts: tuple[tuple[int, ...], ...]  # distinct host indices of each comm
+    comm_edges: tuple[frozenset[tuple[int, int]], ...]  # cross-host ring edges (a < b) of each comm
+
+    @property
+    def n_hosts(self) -> int:
+        return len(self.hosts)
+
+    @staticmethod
+    def empty(n_slots: int = 0) -> JobShape:
+        return JobShape(
+            (),
+            np.full(n_slots, -1),
+            PeerGroups(()),
+            PeerGroups(()),
+            np.zeros(0, np.int64),
+            np.zeros(0, np.int64),
+            (),
+            (),
+        )

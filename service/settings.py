@@ -132,6 +132,21 @@ class DetectionSettings(BaseModel):
     compute_ratio: float = Field(
         default=1.05, gt=1, description="Compute time vs role peers above which a rank is suspect."
     )
+    link_ratio: float = Field(
+        default=0.85,
+        gt=0,
+        lt=1,
+        description="Bus bandwidth vs its references below which a communicator is suspect.",
+    )
+    job_slowdown_ratio: float = Field(
+        default=1.1, gt=1, description="Job step time vs baseline that makes a job-wide slowdown."
+    )
+    hang_timeout_floor_s: float = Field(
+        default=2.0, gt=0, description="Shortest time a collective may block before it is hung."
+    )
+    dead_host_after_s: float = Field(
+        default=5.0, gt=0, description="Event time without envelopes after which a host is dead."
+    )
     window: int = Field(default=5, ge=1, description="Frames in the sliding decision window.")
     open_after: int = Field(
         default=4, ge=1, description="Suspect frames within the window before an incident opens."

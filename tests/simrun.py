@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agents.simulator import Scenario
+from detectors.hang import HangSnapshot
 from detectors.pipeline import Finding, JobPipeline
-from service.detection.engine import peer_groups
+from service.detection.shape import blocked_collectives, job_shape
 from service.ingest.validate import parse_envelope
 from service.jobs.state import JobState
 from service.settings import DetectionSettings, StateSettings
@@ -19,8 +20,12 @@ class Run:
     state: JobState
     pipeline: JobPipeline
 
-    def opened(self, kind: str = "slow_gpu") -> list[tuple[int, Finding]]:
-        return [(r, f) for r, f in self.findings if f.status == "opened" and f.kind == kind]
+    def opened(self, kind: str | None = "slow_gpu") -> list[tuple[int, Finding]]:
+        return [
+            (r, f)
+            for r, f in self.findings
+            if f.status == "opened" and (kind is None or f.kind == kind)
+        ]
 
     def resolved(self) -> list[tuple[int, Finding]]:
         return [(r, f) for r, f in self.findings if f.status == "resolved"]
@@ -45,15 +50,33 @@ def run(
 
     def drain(flush: bool = False) -> None:
         nonlocal frames
-        state.frames.add_collectives(state.assembler.take_ready())
+        state.frames.add_collectives(state.assembler.take_ready(), len(state.topology.comm_list))
         closed = state.frames.advance(
             state.watermark_ns, state.topology.n_slots, flush=flush, world=state.topology.world_size
         )
-        groups = peer_groups(state)
+        shape = job_shape(state.topology)
+        topo = state.topology
         for fr in closed:
             frames += 1
-            for f in pipe.process(fr, groups):
-                findings.append((state.topology.slot_rank[f.slots[0]], f))
+            for f in pipe.process(fr, shape):
+                findings.append((topo.slot_rank[f.slots[0]] if f.slots else -1, f))
+        # the engine's hang check, every pass
+        floor = int(d.hang_timeout_floor_s * 1e9)
+        snap = HangSnapshot(
+            now_ns=state.watermark_ns,
+            blocked=tuple(
+                blocked_collectives(
+                    state, older_than_ns=state.watermark_ns - floor, typical=pipe.comm_typical
+                )
+            ),
+            host_of_rank={r: i.host for r, i in topo.ranks.items() if i.host is not None},
+            host_last_ns={h: i.last_sent_ns for h, i in topo.hosts.items()},
+            last_progress_ns=state.frames.last_progress_ns,
+            step_time_s=float(pipe.job_view()["step_time_s"] or float("nan")),
+        )
+        slot_of = {r: i for i, r in enumerate(topo.slot_rank)}
+        for f in pipe.check_hang(snap, slot_of):
+            findings.append((topo.slot_rank[f.slots[0]] if f.slots else -1, f))
 
     for env in scenario.envelopes():
         if strip_steps:

@@ -1,8 +1,8 @@
 """The detection engine: one pass per job turns newly closed frames into incidents.
 
-A pass holds the job lock only to drain assembled collectives and close frames; the detectors
-then run under the job's own detection lock so that ingest is never blocked by detection.
-Every incident change is written to the database in the pass's transaction.
+A pass holds the job lock only to drain assembled collectives, close frames and take a snapshot
+of blocked collectives; the detectors then run under the job's own detection lock so that ingest
+is never blocked by detection. Every incident change is written in the pass's transaction.
 """
 
 from __future__ import annotations
@@ -13,14 +13,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from detectors.pipeline import Finding, JobPipeline
-from detectors.types import PeerGroups
+from detectors.findings import Finding
+from detectors.hang import HangSnapshot
+from detectors.pipeline import JobPipeline
+from detectors.types import JobShape
 from service.db import session_scope
 from service.detection.history import HistoryAccumulator
+from service.detection.shape import blocked_collectives, job_shape
+from service.detection.text import summary_for
 from service.incidents import service as incidents
 from service.jobs import service as jobs_db
 from service.jobs.models import JobHistory, RankHistory
@@ -31,53 +34,27 @@ from service.settings import DetectionSettings
 
 log = logging.getLogger(__name__)
 
-ROLE_KINDS = ("tp", "dp", "ep", "cp")  # comms whose members do equal work
-
 
 @dataclass(slots=True)
 class JobRuntime:
     pipeline: JobPipeline
     history: HistoryAccumulator
     lock: threading.Lock = field(default_factory=threading.Lock)
-    groups: PeerGroups | None = None
-    groups_version: int = -1
-    open: dict[str, str] = field(default_factory=dict)  # subject -> incident id
-    open_kind: dict[str, str] = field(default_factory=dict)  # subject -> kind
+    shape: JobShape | None = None
+    shape_version: int = -1
+    open: dict[tuple[str, str], str] = field(default_factory=dict)  # (kind, subject) -> incident id
     seeded: bool = False
     frames: int = 0
 
 
-def peer_groups(state: JobState) -> PeerGroups:
-    """Role peers from the job's comms: TP/DP/EP/CP groups, else world, else everyone."""
-    topo = state.topology
-    groups = [c.slots for c in topo.comms.values() if c.kind in ROLE_KINDS]
-    if not groups:
-        groups = [c.slots for c in topo.comms.values() if c.kind == "world"]
-    if not groups and topo.n_slots >= 2:
-        groups = [np.arange(topo.n_slots)]
-    return PeerGroups.from_groups(groups)
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    """What a pass copies out of the job state under its lock."""
 
-
-def describe_rank(rank: int, host: str | None, gpu: int | None) -> str:
-    where = host or "an unknown host"
-    return f"GPU {gpu} on {where} (rank {rank})" if gpu is not None else f"rank {rank} on {where}"
-
-
-def summary_for(f: Finding, who: str, *, resolved_step: int | None = None) -> str:
-    pct = f"{(f.subject_slowdown - 1) * 100:.0f}% slower" if f.subject_slowdown else "slower"
-    since = (
-        f"since step {f.onset_index}"
-        if f.onset_index is not None
-        else "since " + time.strftime("%H:%M:%S UTC", time.gmtime(f.onset_ns / 1e9))
-    )
-    text = f"{who[0].upper()}{who[1:]} is {pct} than its peers {since}"
-    if f.slowdown is not None:
-        text += f"; job step time {(f.slowdown - 1) * 100:+.0f}%"
-    text += "."
-    if f.status == "resolved":
-        at = f"step {resolved_step}" if resolved_step is not None else "the latest frame"
-        text += f" Recovered by {at}."
-    return text
+    slot_rank: list[int]
+    info: dict[int, tuple[str | None, int | None]]  # rank -> (host, gpu)
+    host_ranks: dict[str, list[int]]
+    now_ns: int
 
 
 class DetectionEngine:
@@ -107,11 +84,15 @@ class DetectionEngine:
                         pipeline=JobPipeline(
                             late_fraction=s.late_fraction,
                             compute_ratio=s.compute_ratio,
+                            link_ratio=s.link_ratio,
+                            job_slowdown_ratio=s.job_slowdown_ratio,
                             window=s.window,
                             open_after=s.open_after,
                             resolve_after=s.resolve_after,
                             warmup_frames=s.warmup_frames,
                             baseline_frames=s.baseline_frames,
+                            hang_floor_s=s.hang_timeout_floor_s,
+                            dead_after_s=s.dead_host_after_s,
                         ),
                         history=HistoryAccumulator(job=job, every=s.history_every_steps),
                     )
@@ -127,12 +108,15 @@ class DetectionEngine:
 
     # -- passes --------------------------------------------------------------------------------
     def run_due(self) -> int:
-        """One pass over every job with new data or frames waiting; returns frames processed."""
+        """One pass over every job with new data, frames waiting, or a possible hang."""
         total = 0
         for state in self.jobs.all():
-            if not state.persisted or not (
-                state.new_data or state.frames.frames or state.frames.queue.slot
-            ):
+            if not state.persisted:
+                continue
+            rt = self._runtimes.get(state.job)
+            waiting = bool(state.frames.frames or state.frames.queue or state.assembler.pending)
+            hung = rt is not None and ("hang", "job") in rt.pipeline.opened
+            if not (state.new_data or waiting or hung):
                 continue
             try:
                 total += self.run_job(state)
@@ -145,62 +129,107 @@ class DetectionEngine:
         rt = self.runtime(state.job)
         started = time.perf_counter()
         with rt.lock:
-            if not rt.seeded:
-                self._seed(rt, state)
             with state.lock:
-                completed = state.assembler.take_ready()
-                state.frames.add_collectives(completed)
-                n = state.topology.n_slots
+                if not rt.seeded:
+                    self._seed(rt, state)
+                topo = state.topology
+                state.frames.add_collectives(state.assembler.take_ready(), len(topo.comm_list))
                 closed = state.frames.advance(
-                    state.watermark_ns, n, flush=flush, world=state.topology.world_size
+                    state.watermark_ns, topo.n_slots, flush=flush, world=topo.world_size
                 )
                 state.assembler.expire(state.watermark_ns)
                 state.new_data = False
-                if rt.groups is None or rt.groups_version != state.topology.version:
-                    rt.groups = peer_groups(state)
-                    rt.groups_version = state.topology.version
-                groups = rt.groups
-                slot_rank = list(state.topology.slot_rank)
-                info = {
-                    r: (state.topology.ranks[r].host, state.topology.ranks[r].gpu)
-                    for r in slot_rank
-                }
+                if rt.shape is None or rt.shape_version != topo.version:
+                    rt.shape = job_shape(topo)
+                    rt.shape_version = topo.version
+                shape = rt.shape
+                snap = _Snapshot(
+                    list(topo.slot_rank),
+                    {r: (topo.ranks[r].host, topo.ranks[r].gpu) for r in topo.slot_rank},
+                    {h: sorted(i.ranks) for h, i in topo.hosts.items()},
+                    state.watermark_ns,
+                )
+                hang_input = self._hang_snapshot(rt, state)
             findings: list[Finding] = []
             job_rows: list[dict[str, Any]] = []
             rank_rows: list[dict[str, Any]] = []
             for frame in closed:
-                findings.extend(rt.pipeline.process(frame, groups))
+                findings.extend(rt.pipeline.process(frame, shape))
                 scores = rt.pipeline.last_scores
                 assert scores is not None
                 base = rt.pipeline.job_view()["baseline_step_time_s"]
-                jr, rr = rt.history.add(frame, scores, slot_rank, base)  # type: ignore[arg-type]
+                jr, rr = rt.history.add(frame, scores, snap.slot_rank, base)  # type: ignore[arg-type]
                 job_rows += jr
                 rank_rows += rr
+            if hang_input is not None:
+                slot_of = {r: i for i, r in enumerate(snap.slot_rank)}
+                findings.extend(rt.pipeline.check_hang(hang_input, slot_of))
             if flush:
-                jr, rr = rt.history.rows(slot_rank, rt.pipeline.job_view()["baseline_step_time_s"])  # type: ignore[arg-type]
+                base = rt.pipeline.job_view()["baseline_step_time_s"]
+                jr, rr = rt.history.rows(snap.slot_rank, base)  # type: ignore[arg-type]
                 job_rows += jr
                 rank_rows += rr
             rt.frames += len(closed)
             if closed or findings:
-                self._persist(rt, state, findings, slot_rank, info, job_rows, rank_rows)
+                self._persist(rt, state, findings, snap, job_rows, rank_rows)
         self.metrics.frames.inc(len(closed))
         self.metrics.detection_seconds.observe(time.perf_counter() - started)
         self.metrics.detection_runs.labels("ok").inc()
         return len(closed)
 
+    def _hang_snapshot(self, rt: JobRuntime, state: JobState) -> HangSnapshot | None:
+        """Collectives blocked for longer than the smallest timeout, under the job lock."""
+        topo = state.topology
+        floor_ns = int(self.settings.hang_timeout_floor_s * 1e9)
+        blocked = blocked_collectives(
+            state, older_than_ns=state.watermark_ns - floor_ns, typical=rt.pipeline.comm_typical
+        )
+        if (
+            not blocked
+            and not rt.pipeline.opened.get(("hang", "job"))
+            and not self._maybe_stalled(state)
+        ):
+            return None
+        return HangSnapshot(
+            now_ns=state.watermark_ns,
+            blocked=tuple(blocked),
+            host_of_rank={r: i.host for r, i in topo.ranks.items() if i.host is not None},
+            host_last_ns={h: i.last_sent_ns for h, i in topo.hosts.items()},
+            last_progress_ns=state.frames.last_progress_ns,
+            step_time_s=float(rt.pipeline.job_view()["step_time_s"] or float("nan")),
+        )
+
+    def _maybe_stalled(self, state: JobState) -> bool:
+        last = state.frames.last_progress_ns
+        return bool(last) and (state.watermark_ns - last) / 1e9 > self.settings.dead_host_after_s
+
     def _seed(self, rt: JobRuntime, state: JobState) -> None:
+        """Resume incidents that were open before a restart (called under the job lock)."""
         with session_scope(self.sessions) as s:
             rows = incidents.list_incidents(s, job=state.job, state="open")
+        topo = state.topology
+        hosts = list(topo.hosts)
         for row in rows:
-            rt.open[row.subject] = row.id
-            rt.open_kind[row.subject] = row.kind
-            if row.kind == "slow_gpu" and row.subject.startswith("rank:"):
-                rank = int(row.subject.split(":", 1)[1])
-                info = state.topology.ranks.get(rank)
-                if info is not None:
-                    rt.pipeline.seed_open(
-                        info.slot, onset_index=row.onset_step, onset_ns=row.onset_ns
-                    )
+            kind, subject = row.kind, row.subject
+            slots = tuple(topo.ranks[r].slot for r in row.ranks if r in topo.ranks)
+            key_subject = subject
+            if kind == "slow_gpu":
+                if not slots:
+                    continue
+                key_subject = f"slot:{slots[0]}"
+            host_index = None
+            if kind == "slow_node" and row.hosts and row.hosts[0] in hosts:
+                host_index = hosts.index(row.hosts[0])
+            rt.pipeline.seed_open(
+                kind,
+                key_subject,
+                slots=slots,
+                hosts=tuple(row.hosts),
+                onset_index=row.onset_step,
+                onset_ns=row.onset_ns,
+                host_index=host_index,
+            )
+            rt.open[(kind, key_subject)] = row.id
         rt.seeded = True
 
     def _persist(
@@ -208,15 +237,14 @@ class DetectionEngine:
         rt: JobRuntime,
         state: JobState,
         findings: list[Finding],
-        slot_rank: list[int],
-        info: dict[int, tuple[str | None, int | None]],
+        snap: _Snapshot,
         job_rows: list[dict[str, Any]],
         rank_rows: list[dict[str, Any]],
     ) -> None:
         view = rt.pipeline.job_view()
         with session_scope(self.sessions) as s:
             for f in findings:
-                self._apply_finding(s, rt, state, f, slot_rank, info)
+                self._apply_finding(s, rt, state, f, snap)
             jobs_db.save_job_progress(
                 s,
                 job=state.job,
@@ -226,20 +254,24 @@ class DetectionEngine:
             )
             self._write_history(s, job_rows, rank_rows)
 
+    @staticmethod
+    def _subject(f: Finding, ranks: list[int]) -> str:
+        if f.kind == "slow_gpu":
+            return "rank:" + ",".join(str(r) for r in ranks)
+        return f.subject
+
     def _apply_finding(
-        self,
-        s: Session,
-        rt: JobRuntime,
-        state: JobState,
-        f: Finding,
-        slot_rank: list[int],
-        info: dict[int, tuple[str | None, int | None]],
+        self, s: Session, rt: JobRuntime, state: JobState, f: Finding, snap: _Snapshot
     ) -> None:
-        ranks = [slot_rank[i] for i in f.slots]
-        hosts = sorted({h for r in ranks if (h := info[r][0]) is not None})
-        subject = "rank:" + ",".join(str(r) for r in ranks)
-        who = describe_rank(ranks[0], info[ranks[0]][0], info[ranks[0]][1])
-        now_ns = state.watermark_ns
+        ranks = sorted(snap.slot_rank[i] for i in f.slots if i < len(snap.slot_rank))
+        if f.kind == "slow_link":
+            ranks = []
+        hosts = list(f.hosts) or sorted({h for r in ranks if (h := snap.info[r][0]) is not None})
+        subject = self._subject(f, ranks)
+        key = (f.kind, f.subject)
+        now_ns = snap.now_ns
+        summary = summary_for(f, ranks, hosts, snap.info)
+        evidence = {**f.evidence, "reason": f.reason}
         if f.status == "opened":
             draft = incidents.IncidentDraft(
                 job=state.job,
@@ -254,57 +286,53 @@ class DetectionEngine:
                 detected_ns=f.detected_ns,
                 onset_step=f.onset_index,
                 detected_step=f.detected_index,
-                summary=summary_for(f, who),
-                evidence={**f.evidence, "reason": f.reason},
+                summary=summary,
+                evidence=evidence,
             )
             row, created = incidents.open_incident(s, draft=draft, now_ns=now_ns)
-            rt.open[subject] = row.id
-            rt.open_kind[subject] = f.kind
+            rt.open[key] = row.id
             if created:
                 self.metrics.opened.labels(f.kind).inc()
                 self.metrics.delay.labels(f.kind).observe(
                     max(0.0, (f.detected_ns - f.onset_ns) / 1e9)
                 )
-                log.info("incident %s opened: %s", row.id, draft.summary)
+                log.info("incident %s opened: %s", row.id, summary)
             return
-        inc_id = rt.open.get(subject)
+        inc_id = rt.open.get(key)
         row = incidents.get_incident(s, incident_id=inc_id) if inc_id else None
         if row is None:
             row = incidents.find_open(s, job=state.job, kind=f.kind, subject=subject)
         if row is None or row.state != "open":
-            rt.open.pop(subject, None)
-            rt.open_kind.pop(subject, None)
+            rt.open.pop(key, None)
             return
         if f.status == "updated":
+            if f.kind == "hang":
+                row.ranks, row.hosts = ranks, hosts
             incidents.refresh_incident(
                 s,
                 incident=row,
                 slowdown=f.slowdown,
                 subject_slowdown=f.subject_slowdown,
                 confidence=f.confidence,
-                summary=summary_for(f, who),
-                evidence={**f.evidence, "reason": f.reason},
+                summary=summary,
+                evidence=evidence,
                 now_ns=now_ns,
             )
         elif f.status == "resolved":
             incidents.resolve_incident(
                 s,
                 incident=row,
-                resolved_ns=f.detected_ns if f.detected_ns else now_ns,
+                resolved_ns=f.detected_ns or now_ns,
                 resolved_step=f.detected_index,
-                evidence={"reason": f.reason, "lateness_s": f.evidence.get("lateness_s")},
+                evidence={"reason": f.reason},
             )
-            row.summary = (
-                row.summary.rstrip(".")
-                + "."
-                + (
-                    f" Recovered by step {f.detected_index}."
-                    if f.detected_index is not None
-                    else " Recovered."
-                )
+            at = (
+                f" Recovered by step {f.detected_index}."
+                if f.detected_index is not None
+                else " Recovered."
             )
-            rt.open.pop(subject, None)
-            rt.open_kind.pop(subject, None)
+            row.summary = row.summary.rstrip(".") + "." + at
+            rt.open.pop(key, None)
             self.metrics.resolved.labels(f.kind).inc()
             log.info("incident %s resolved", row.id)
 

@@ -42,6 +42,7 @@ class Completed:
 
     comm: str
     seq: int
+    comm_index: int
     kind: int
     op: str
     nbytes: int
@@ -146,6 +147,7 @@ class Assembler:
             Completed(
                 comm=key[0],
                 seq=key[1],
+                comm_index=comm.index,
                 kind=entry.kind,
                 op=collective_op,
                 nbytes=entry.nbytes,

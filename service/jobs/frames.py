@@ -1,9 +1,11 @@
 """Per-step, per-rank signals ("frames") built from step records and completed collectives.
 
 Each completed collective contributes, for every member, its duration, its wait and its lateness
-to the frame (step) that contains the member's own start time — both taken on the member's clock.
-A frame is closed when every regular reporter has reported that step, or once event time has
-moved ``grace`` past its last record. Jobs without step records get fixed-length time frames.
+to the frame (step) that contains the member's own start time — both taken on the member's clock
+— and, once per collective, its transfer time and effective bytes to its communicator's entry in
+that frame. A frame is closed when as many ranks reported it as reported the previous one (the
+whole announced world for the first), or once event time has moved ``grace`` past its last
+record. Jobs without step records get fixed-length time frames.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from detectors.busbw import bus_factor
 from detectors.lateness import collective_lateness
 from detectors.types import KINDS, Frame
 from service.ingest.validate import RecordError
@@ -23,83 +26,73 @@ NS = 1e-9
 NEVER = np.iinfo(np.int64).min
 
 
+def _grow(arr: np.ndarray, n: int, fill: float | int) -> np.ndarray:
+    if arr.shape[0] >= n:
+        return arr
+    pad = np.full((n - arr.shape[0], *arr.shape[1:]), fill, dtype=arr.dtype)
+    return np.concatenate([arr, pad])
+
+
 @dataclass(slots=True)
 class _FrameAcc:
     index: int
-    n: int
-    step_time: np.ndarray
-    comm: np.ndarray
-    wait: np.ndarray
-    late: np.ndarray
-    calls: np.ndarray
     start_ns: int
     end_ns: int
-    starts: np.ndarray  # per slot: this step's start on the rank's clock (-1 = not reported)
-    ends: np.ndarray
+    step_time: np.ndarray = field(default_factory=lambda: np.empty(0))
+    comm: np.ndarray = field(default_factory=lambda: np.empty(0))
+    wait: np.ndarray = field(default_factory=lambda: np.empty(0))
+    late: np.ndarray = field(default_factory=lambda: np.empty((0, NK)))
+    calls: np.ndarray = field(default_factory=lambda: np.empty((0, NK)))
+    starts: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # per slot, -1 = none
+    ends: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    c_transfer: np.ndarray = field(default_factory=lambda: np.empty(0))  # per comm
+    c_bytes: np.ndarray = field(default_factory=lambda: np.empty(0))
+    c_calls: np.ndarray = field(default_factory=lambda: np.empty(0))
     reported: int = 0
     collectives: int = 0
 
-    @staticmethod
-    def new(index: int, n: int, start_ns: int, end_ns: int) -> _FrameAcc:
-        return _FrameAcc(
-            index,
-            n,
-            np.full(n, np.nan),
-            np.zeros(n),
-            np.zeros(n),
-            np.zeros((n, NK)),
-            np.zeros((n, NK)),
-            start_ns,
-            end_ns,
-            np.full(n, -1, dtype=np.int64),
-            np.full(n, -1, dtype=np.int64),
-        )
-
-    def grow(self, n: int) -> None:
-        if n <= self.n:
-            return
-        extra = n - self.n
-        self.starts = np.concatenate([self.starts, np.full(extra, -1, dtype=np.int64)])
-        self.ends = np.concatenate([self.ends, np.full(extra, -1, dtype=np.int64)])
-        self.step_time = np.concatenate([self.step_time, np.full(extra, np.nan)])
-        self.comm = np.concatenate([self.comm, np.zeros(extra)])
-        self.wait = np.concatenate([self.wait, np.zeros(extra)])
-        self.late = np.vstack([self.late, np.zeros((extra, NK))])
-        self.calls = np.vstack([self.calls, np.zeros((extra, NK))])
-        self.n = n
+    def grow(self, n: int, n_comms: int = 0) -> None:
+        self.step_time = _grow(self.step_time, n, np.nan)
+        self.comm = _grow(self.comm, n, 0.0)
+        self.wait = _grow(self.wait, n, 0.0)
+        self.late = _grow(self.late, n, 0.0)
+        self.calls = _grow(self.calls, n, 0.0)
+        self.starts = _grow(self.starts, n, -1)
+        self.ends = _grow(self.ends, n, -1)
+        self.c_transfer = _grow(self.c_transfer, n_comms, 0.0)
+        self.c_bytes = _grow(self.c_bytes, n_comms, 0.0)
+        self.c_calls = _grow(self.c_calls, n_comms, 0.0)
 
 
-@dataclass(slots=True)
-class _Contrib:
-    """Queued per-member contributions awaiting their step record (parallel arrays)."""
+class _Queue:
+    """Parallel arrays of queued contributions, appended in chunks, taken all at once."""
 
-    slot: list[np.ndarray] = field(default_factory=list)
-    start: list[np.ndarray] = field(default_factory=list)
-    dur: list[np.ndarray] = field(default_factory=list)
-    late: list[np.ndarray] = field(default_factory=list)
-    wait: list[np.ndarray] = field(default_factory=list)
-    kind: list[np.ndarray] = field(default_factory=list)
+    def __init__(self, *names: str) -> None:
+        self.names = names
+        self.chunks: dict[str, list[np.ndarray]] = {n: [] for n in names}
 
-    def append(self, *arrays: np.ndarray) -> None:
-        for store, arr in zip(
-            (self.slot, self.start, self.dur, self.late, self.wait, self.kind), arrays, strict=True
-        ):
-            store.append(arr)
+    def __bool__(self) -> bool:
+        return bool(self.chunks[self.names[0]])
 
-    def take(self) -> tuple[np.ndarray, ...] | None:
-        if not self.slot:
+    def append(self, **arrays: np.ndarray) -> None:
+        for name in self.names:
+            self.chunks[name].append(arrays[name])
+
+    def take(self) -> dict[str, np.ndarray] | None:
+        if not self:
             return None
-        out = tuple(
-            np.concatenate(store)
-            for store in (self.slot, self.start, self.dur, self.late, self.wait, self.kind)
-        )
-        for store in (self.slot, self.start, self.dur, self.late, self.wait, self.kind):
-            store.clear()
+        out = {n: np.concatenate(c) for n, c in self.chunks.items()}
+        for c in self.chunks.values():
+            c.clear()
         return out
 
 
+MEMBER_FIELDS = ("slot", "start", "dur", "late", "wait", "kind")
+COMM_FIELDS = ("slot", "start", "comm", "transfer", "ebytes")
+
+
 class FrameBuilder:
-    """Builds and closes frames for one job. Memory: O(ranks x ring) + open frames + queue."""
+    """Builds and closes frames for one job. Memory: O(ranks x ring) + open frames + queues."""
 
     def __init__(
         self,
@@ -116,13 +109,16 @@ class FrameBuilder:
         self.ring = ring
         self.max_queued = max_queued
         self.cap = 0
+        # The ring only remembers recent step records, to recognise re-sends.
         self.step_id = np.empty((0, ring), dtype=np.int64)
-        self.step_start = np.empty((0, ring), dtype=np.int64)  # start/end only to compare re-sends
+        self.step_start = np.empty((0, ring), dtype=np.int64)
         self.step_end = np.empty((0, ring), dtype=np.int64)
         self.max_step = np.empty(0, dtype=np.int64)
         self.newest_end = np.empty(0, dtype=np.int64)  # per slot: end of its newest step record
         self.frames: dict[int, _FrameAcc] = {}
-        self.queue = _Contrib()
+        self.queue = _Queue(*MEMBER_FIELDS)
+        self.cqueue = _Queue(*COMM_FIELDS)
+        self.n_comms = 0
         self.has_steps = False
         self.time_mode = False
         self.first_record_ns: int | None = None
@@ -131,18 +127,18 @@ class FrameBuilder:
         self.dropped_contributions = 0
         self.late_steps = 0
         self.steps_seen = 0
+        self.last_progress_ns = 0  # newest end of a completed step or collective (event time)
 
     # -- capacity ----------------------------------------------------------------------------
     def ensure(self, n: int) -> None:
         if n <= self.cap:
             return
         new = max(n, 2 * self.cap, 64)
-        extra = new - self.cap
-        self.step_id = np.vstack([self.step_id, np.full((extra, self.ring), -1, dtype=np.int64)])
-        self.step_start = np.vstack([self.step_start, np.zeros((extra, self.ring), np.int64)])
-        self.step_end = np.vstack([self.step_end, np.zeros((extra, self.ring), np.int64)])
-        self.max_step = np.concatenate([self.max_step, np.full(extra, -1, dtype=np.int64)])
-        self.newest_end = np.concatenate([self.newest_end, np.full(extra, NEVER, dtype=np.int64)])
+        self.step_id = _grow(self.step_id, new, -1)
+        self.step_start = _grow(self.step_start, new, 0)
+        self.step_end = _grow(self.step_end, new, 0)
+        self.max_step = _grow(self.max_step, new, -1)
+        self.newest_end = _grow(self.newest_end, new, NEVER)
         self.cap = new
 
     # -- input -------------------------------------------------------------------------------
@@ -157,12 +153,13 @@ class FrameBuilder:
             raise RecordError("conflicting re-send of a stored record")
         if rec.step <= self.max_step[slot] - self.ring:
             return Outcome.DUPLICATE  # older than the ring: treated as a re-send
-        j = rec.step % self.ring  # the ring only remembers recent steps to recognise re-sends
+        j = rec.step % self.ring
         self.step_id[slot, j] = rec.step
         self.step_start[slot, j] = rec.start_ns
         self.step_end[slot, j] = rec.end_ns
         self.max_step[slot] = max(self.max_step[slot], rec.step)
         self.newest_end[slot] = max(self.newest_end[slot], rec.end_ns)
+        self.last_progress_ns = max(self.last_progress_ns, rec.end_ns)
         if self.time_mode:
             # Step records after all: drop the time buckets and number frames by step.
             self.frames.clear()
@@ -178,8 +175,8 @@ class FrameBuilder:
             return Outcome.NEW
         acc = self.frames.get(rec.step)
         if acc is None:
-            acc = self.frames[rec.step] = _FrameAcc.new(rec.step, n_slots, rec.start_ns, rec.end_ns)
-        acc.grow(n_slots)
+            acc = self.frames[rec.step] = _FrameAcc(rec.step, rec.start_ns, rec.end_ns)
+        acc.grow(n_slots, self.n_comms)
         if np.isnan(acc.step_time[slot]):
             acc.reported += 1
         acc.step_time[slot] = (rec.end_ns - rec.start_ns) * NS
@@ -189,8 +186,11 @@ class FrameBuilder:
         acc.end_ns = max(acc.end_ns, rec.end_ns)
         return Outcome.NEW
 
-    def add_collectives(self, completed: list[Completed]) -> None:
+    def add_collectives(self, completed: list[Completed], n_comms: int = 0) -> None:
         """Compute lateness for a batch of completed collectives (grouped by size) and queue it."""
+        self.n_comms = max(
+            self.n_comms, n_comms, max((c.comm_index + 1 for c in completed), default=0)
+        )
         by_size: dict[int, list[Completed]] = {}
         for c in completed:
             by_size.setdefault(c.slots.size, []).append(c)
@@ -202,14 +202,23 @@ class FrameBuilder:
             ends = np.array([c.ends for c in group], dtype=np.int64)
             kinds = np.repeat(np.array([c.kind for c in group], dtype=np.int64)[:, None], size, 1)
             dur = (ends - starts) * NS
+            self.last_progress_ns = max(self.last_progress_ns, int(ends.max()))
             late, wait = collective_lateness(dur)
             self.queue.append(
-                slots.ravel(),
-                starts.ravel(),
-                dur.ravel(),
-                late.ravel(),
-                wait.ravel(),
-                kinds.ravel(),
+                slot=slots.ravel(),
+                start=starts.ravel(),
+                dur=dur.ravel(),
+                late=late.ravel(),
+                wait=wait.ravel(),
+                kind=kinds.ravel(),
+            )
+            # Per collective: the last arriver's duration is (about) the pure transfer time.
+            self.cqueue.append(
+                slot=slots[:, 0],
+                start=starts[:, 0],
+                comm=np.array([c.comm_index for c in group], dtype=np.int64),
+                transfer=dur.min(axis=1),
+                ebytes=np.array([c.nbytes * bus_factor(c.op, size) for c in group]),
             )
             if self.first_record_ns is None:
                 self.first_record_ns = int(starts.min())
@@ -217,100 +226,93 @@ class FrameBuilder:
     # -- attribution ---------------------------------------------------------------------------
     def attribute(self, n_slots: int) -> None:
         """Move queued contributions into their frames (those whose step is known)."""
-        self._attribute(n_slots)
+        for queue, accumulate in (
+            (self.queue, self._accumulate),
+            (self.cqueue, self._accumulate_comm),
+        ):
+            taken = queue.take()
+            if taken is None:
+                continue
+            frame_ids, found, waiting = self._match(taken["slot"], taken["start"], n_slots)
+            self.dropped_contributions += (
+                int((~found & ~waiting).sum()) if queue is self.queue else 0
+            )
+            if found.any():
+                accumulate(frame_ids[found], {k: v[found] for k, v in taken.items()}, n_slots)
+            if waiting.any():
+                self._requeue(queue, {k: v[waiting] for k, v in taken.items()})
 
-    def _attribute(self, n_slots: int) -> None:
-        taken = self.queue.take()
-        if taken is None:
-            return
-        slot, start, dur, late, wait, kind = taken
+    def _match(self, slot: np.ndarray, start: np.ndarray, n_slots: int) -> tuple[np.ndarray, ...]:
+        """Frame of each contribution: ``(frame_ids, found, waiting)``.
+
+        The open frame whose step interval, on the contribution's own rank and clock, contains
+        its start. Ranks that never send step records fall back to the job-wide interval of each
+        frame (clock offsets of a few ms only blur the edges). Time frames are fixed buckets.
+        """
         if self.time_mode:
             frame_ids = start // self.time_frame_ns
-            keep = frame_ids > self.last_closed
-            self.dropped_contributions += int((~keep).sum())
-            self._accumulate(
-                frame_ids[keep], slot[keep], dur[keep], late[keep], wait[keep], kind[keep], n_slots
-            )
-            return
+            found = frame_ids > self.last_closed
+            return frame_ids, found, np.zeros(slot.size, dtype=bool)
         if not self.has_steps:
-            self._requeue(slot, start, dur, late, wait, kind)
-            return
+            return np.full(slot.size, -1), np.zeros(slot.size, bool), np.ones(slot.size, bool)
         self.ensure(n_slots)
-        # Match each contribution to the open frame whose step interval, on the contribution's
-        # own rank and clock, contains its start. Ranks that never send step records fall back
-        # to the job-wide interval of each frame (clock offsets of a few ms only blur the edges).
         own = self.newest_end[slot] != NEVER
         frame_ids = np.full(slot.size, -1, dtype=np.int64)
         for index in sorted(self.frames):
             acc = self.frames[index]
-            acc.grow(n_slots)
+            acc.grow(n_slots, self.n_comms)
             st, en = acc.starts[slot], acc.ends[slot]
             hit = own & (st >= 0) & (start >= st) & (start < en)
             hit |= ~own & (start >= acc.start_ns) & (start < acc.end_ns)
             frame_ids = np.where((frame_ids < 0) & hit, index, frame_ids)
         found = frame_ids >= 0
-        newest = np.where(
-            own, self.newest_end[slot], max((a.end_ns for a in self.frames.values()), default=NEVER)
-        )
-        waiting = ~found & (start >= newest)
-        self.dropped_contributions += int((~found & ~waiting).sum())
-        self._accumulate(
-            frame_ids[found],
-            slot[found],
-            dur[found],
-            late[found],
-            wait[found],
-            kind[found],
-            n_slots,
-        )
-        if waiting.any():
-            self._requeue(
-                slot[waiting],
-                start[waiting],
-                dur[waiting],
-                late[waiting],
-                wait[waiting],
-                kind[waiting],
-            )
+        newest_frame = max((a.end_ns for a in self.frames.values()), default=NEVER)
+        newest = np.where(own, self.newest_end[slot], newest_frame)
+        return frame_ids, found, ~found & (start >= newest)
 
-    def _requeue(self, *arrays: np.ndarray) -> None:
-        size = arrays[0].size
+    def _requeue(self, queue: _Queue, arrays: dict[str, np.ndarray]) -> None:
+        size = next(iter(arrays.values())).size
         if size > self.max_queued:
             cut = size - self.max_queued
             self.dropped_contributions += cut
-            arrays = tuple(a[cut:] for a in arrays)
-        self.queue.append(*arrays)
+            arrays = {k: v[cut:] for k, v in arrays.items()}
+        queue.append(**arrays)
 
-    def _accumulate(
-        self,
-        frame_ids: np.ndarray,
-        slot: np.ndarray,
-        dur: np.ndarray,
-        late: np.ndarray,
-        wait: np.ndarray,
-        kind: np.ndarray,
-        n_slots: int,
-    ) -> None:
-        if frame_ids.size == 0:
-            return
+    def _frame(self, fid: int, n_slots: int) -> _FrameAcc | None:
+        acc = self.frames.get(fid)
+        if acc is None and self.time_mode:
+            lo = fid * self.time_frame_ns
+            acc = self.frames[fid] = _FrameAcc(fid, lo, lo + self.time_frame_ns)
+        if acc is not None:
+            acc.grow(n_slots, self.n_comms)
+        return acc
+
+    def _accumulate(self, frame_ids: np.ndarray, c: dict[str, np.ndarray], n_slots: int) -> None:
         for fid in np.unique(frame_ids):
             sel = frame_ids == fid
-            acc = self.frames.get(int(fid))
+            acc = self._frame(int(fid), n_slots)
             if acc is None:
-                if not self.time_mode:
-                    self.dropped_contributions += int(sel.sum())
-                    continue
-                lo = int(fid) * self.time_frame_ns
-                acc = self.frames[int(fid)] = _FrameAcc.new(
-                    int(fid), n_slots, lo, lo + self.time_frame_ns
-                )
-            acc.grow(n_slots)
-            s = slot[sel]
-            np.add.at(acc.comm, s, dur[sel])
-            np.add.at(acc.wait, s, wait[sel])
-            np.add.at(acc.late, (s, kind[sel]), late[sel])
-            np.add.at(acc.calls, (s, kind[sel]), 1.0)
+                self.dropped_contributions += int(sel.sum())
+                continue
+            s, k = c["slot"][sel], c["kind"][sel]
+            np.add.at(acc.comm, s, c["dur"][sel])
+            np.add.at(acc.wait, s, c["wait"][sel])
+            np.add.at(acc.late, (s, k), c["late"][sel])
+            np.add.at(acc.calls, (s, k), 1.0)
             acc.collectives += int(sel.sum())
+
+    def _accumulate_comm(
+        self, frame_ids: np.ndarray, c: dict[str, np.ndarray], n_slots: int
+    ) -> None:
+        for fid in np.unique(frame_ids):
+            sel = frame_ids == fid
+            acc = self._frame(int(fid), n_slots)
+            if acc is None:
+                continue
+            m = c["comm"][sel]
+            np.add.at(acc.c_transfer, m, c["transfer"][sel])
+            np.add.at(acc.c_bytes, m, c["ebytes"][sel])
+            np.add.at(acc.c_calls, m, 1.0)
 
     # -- closing -------------------------------------------------------------------------------
     def advance(
@@ -332,7 +334,7 @@ class FrameBuilder:
             )
         ):
             self.time_mode = True  # nobody sends step records: fall back to time frames
-        self._attribute(n_slots)
+        self.attribute(n_slots)
         closed: list[Frame] = []
         for index in sorted(self.frames):
             acc = self.frames[index]
@@ -351,7 +353,7 @@ class FrameBuilder:
 
     def _close(self, acc: _FrameAcc, n_slots: int) -> Frame:
         del self.frames[acc.index]
-        acc.grow(n_slots)
+        acc.grow(n_slots, self.n_comms)
         self.last_closed = acc.index
         if self.has_steps:
             self.reporters = acc.reported
@@ -366,4 +368,7 @@ class FrameBuilder:
             late=acc.late,
             calls=acc.calls,
             collectives=acc.collectives,
+            comm_transfer=acc.c_transfer,
+            comm_bytes=acc.c_bytes,
+            comm_calls=acc.c_calls,
         )

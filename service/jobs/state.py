@@ -138,7 +138,7 @@ class JobState:
             self._count(result, outcome, "collective")
         # Hand completed collectives to the frames now, before step records that may recycle
         # the step intervals they need.
-        self.frames.add_collectives(self.assembler.take_ready())
+        self.frames.add_collectives(self.assembler.take_ready(), len(topo.comm_list))
         for i, raw in enumerate(env.steps):
             try:
                 step = parse_step(raw)
@@ -149,7 +149,7 @@ class JobState:
                 continue
             self._count(result, outcome, "step")
 
-        self.frames.add_collectives(self.assembler.take_ready())
+        self.frames.add_collectives(self.assembler.take_ready(), len(topo.comm_list))
         self.frames.attribute(topo.n_slots)
         delta = self._delta(env)
         delta.accepted += result.accepted

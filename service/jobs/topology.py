@@ -33,6 +33,7 @@ class CommInfo:
     ranks: tuple[int, ...]
     slots: np.ndarray  # member slots in comm order
     position: dict[int, int]  # rank -> index in ``ranks``
+    index: int = 0  # dense number of the comm within its job
 
 
 class Topology:
@@ -45,6 +46,7 @@ class Topology:
         self.slot_rank: list[int] = []
         self.hosts: dict[str, HostInfo] = {}
         self.comms: dict[str, CommInfo] = {}
+        self.comm_list: list[CommInfo] = []  # by index
         self.world_size: int | None = None
         self.version = 0  # bumped on every change; detectors cache derived groups by it
         self.dirty_ranks: set[int] = set()
@@ -129,9 +131,16 @@ class Topology:
         if len(self.ranks) + missing > self.max_ranks:
             raise RecordError(f"job exceeds {self.max_ranks} ranks")
         slots = np.fromiter((self.slot(r) for r in ann.ranks), dtype=np.int64, count=len(ann.ranks))
-        self.comms[ann.comm] = CommInfo(
-            ann.comm, ann.kind, ann.ranks, slots, {r: i for i, r in enumerate(ann.ranks)}
+        info = CommInfo(
+            ann.comm,
+            ann.kind,
+            ann.ranks,
+            slots,
+            {r: i for i, r in enumerate(ann.ranks)},
+            len(self.comm_list),
         )
+        self.comms[ann.comm] = info
+        self.comm_list.append(info)
         self.dirty_comms.add(ann.comm)
         self.version += 1
 

@@ -97,3 +97,72 @@ def test_64_rank_default_layout() -> None:
         Scenario(steps=90, noise=NOISY, faults=(Fault("slow_gpu", 50, factor=1.5, ranks=(37,)),))
     )
     assert [(rk, f.onset_index, f.detected_index) for rk, f in r.opened()] == [(37, 50, 53)]
+
+
+# -- the other kinds -------------------------------------------------------------------------------
+LAYOUT_4H = Layout(
+    tp=2, pp=2, dp=4, gpus_per_host=4
+)  # node-000/001: stage 0, node-002/003: stage 1
+
+
+def kinds(r) -> list[tuple[str, str, tuple[str, ...], int | None]]:  # type: ignore[no-untyped-def]
+    return [
+        (f.kind, f.subject, f.hosts, f.onset_index) for _, f in r.findings if f.status == "opened"
+    ]
+
+
+@pytest.mark.parametrize(
+    "layout,host",
+    [(LAYOUT_4H, "node-001"), (Layout(tp=1, pp=1, dp=16, gpus_per_host=4), "node-002")],
+    ids=["tp-in-host", "pure-dp"],
+)
+def test_slow_node_is_one_node_incident_not_many_gpus(layout: Layout, host: str) -> None:
+    r = run(scenario(Fault("slow_node", 50, factor=1.3, hosts=(host,)), layout=layout))
+    assert kinds(r) == [("slow_node", f"host:{host}", (host,), 50)]
+    f = r.opened("slow_node")[0][1]
+    assert f.subject_slowdown == pytest.approx(1.3, rel=0.05)
+
+
+def test_slow_nic_is_localised_to_its_host() -> None:
+    r = run(scenario(Fault("slow_nic", 50, factor=3.0, hosts=("node-002",)), layout=LAYOUT_4H))
+    assert kinds(r) == [("slow_link", "host:node-002", ("node-002",), 50)]
+    assert r.opened("slow_link")[0][1].subject_slowdown == pytest.approx(3.0, rel=0.1)
+
+
+def test_slow_link_between_two_hosts_names_the_pair() -> None:
+    r = run(
+        scenario(
+            Fault("slow_link", 50, factor=3.0, hosts=("node-000", "node-002")), layout=LAYOUT_4H
+        )
+    )
+    assert kinds(r) == [("slow_link", "link:node-000|node-002", ("node-000", "node-002"), 50)]
+    assert r.opened("slow_link")[0][1].evidence["ambiguous"] is False
+
+
+def test_job_wide_slowdown_has_no_culprit() -> None:
+    r = run(scenario(Fault("job_slowdown", 50, factor=1.3), layout=LAYOUT_4H))
+    assert [(k, s) for k, s, _, _ in kinds(r)] == [("job_slowdown", "job")]
+    f = r.opened("job_slowdown")[0][1]
+    assert f.onset_index == 50 and f.subject_slowdown == pytest.approx(1.3, rel=0.05)
+
+
+@pytest.mark.parametrize(
+    "fault,roots,host",
+    [
+        (Fault("hang", 50, ranks=(6,)), [6], "node-001"),
+        (Fault("dead_host", 50, hosts=("node-003",)), [12, 13, 14, 15], "node-003"),
+    ],
+    ids=["stuck-rank", "dead-host"],
+)
+def test_hang_names_its_root_within_ten_seconds(fault: Fault, roots: list[int], host: str) -> None:
+    sc = Scenario(layout=LAYOUT_4H, steps=120, noise=NOISY, faults=(fault,), seed=1, hang_tail_s=20)
+    sim = sc.simulation()
+    list(sc.envelopes(sim))
+    onset = sc.labels(sim)["faults"][0]["onset_ns"]
+    r = run(sc)
+    hangs = r.opened("hang")
+    assert len(hangs) == 1 and kinds(r)[0][0] == "hang" and len(kinds(r)) == 1
+    f = hangs[0][1]
+    assert sorted(r.state.topology.slot_rank[s] for s in f.slots) == roots
+    assert f.hosts == (host,)
+    assert 0 < (f.detected_ns - onset) / 1e9 < 10

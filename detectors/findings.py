@@ -1,0 +1,67 @@
+"""Findings (what the pipeline reports) and the dating of a condition's onset."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from detectors.changepoint import segment_window
+from detectors.lifecycle import run_start
+
+KINDS = ("slow_gpu", "slow_node", "slow_link", "hang", "job_slowdown")
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """A change of a persistent condition, with the numbers and the reason behind it."""
+
+    kind: str
+    status: str  # "opened" | "updated" | "resolved"
+    subject: str  # "rank:12", "host:node-3", "link:a|b", "job"
+    slots: tuple[int, ...]  # rank slots (culprits, or a hang's roots)
+    hosts: tuple[str, ...]
+    onset_index: int | None
+    onset_ns: int
+    detected_index: int | None
+    detected_ns: int
+    slowdown: float | None
+    subject_slowdown: float | None
+    confidence: float
+    reason: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    has_steps: bool = True
+
+
+def rounded(x: float | np.floating | None, nd: int = 4) -> float | None:
+    if x is None or not np.isfinite(x):
+        return None
+    return round(float(x), nd)
+
+
+def date_onset(values: np.ndarray, elevated: np.ndarray, *, increase: bool = True) -> int:
+    """Position (into the oldest-first ring ``values``) where the current condition began.
+
+    Change-point dating: the last change point that ruptures finds in the series (min_size 3,
+    the production penalty) in the suspicious direction, moved back over up to three contiguous
+    elevated transition frames (a fault that starts mid-step half-slows its first frame);
+    otherwise the start of the run of elevated frames (tolerating one-frame gaps).
+    """
+    start = run_start(elevated)
+    v = np.asarray(values, dtype=np.float64)
+    ok = np.isfinite(v)
+    if ok.sum() < 7:
+        return start
+    idx = np.flatnonzero(ok)
+    cps = segment_window(v[ok], min_size=3, penalty=3.0)
+    for cp in reversed(cps):
+        before, after = v[idx[:cp]], v[idx[cp:]]
+        rising = np.nanmean(after) > np.nanmean(before)
+        pos = int(idx[cp])
+        if rising == increase and abs(pos - start) <= max(3, (len(values) - start)):
+            for _ in range(3):
+                if pos > 0 and elevated[pos - 1]:
+                    pos -= 1
+            return pos
+    return start

@@ -1,0 +1,82 @@
+"""Views of a job's state that detectors take as input (built under the job lock)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from detectors.hang import BlockedCollective
+from detectors.types import KIND_INDEX, P2P, JobShape, PeerGroups
+from service.jobs.state import JobState
+from service.jobs.topology import Topology
+
+ROLE_KINDS = ("tp", "dp", "ep", "cp")  # comms whose members do equal work
+CROSS_KINDS = ("dp", "ep", "cp")  # ... and whose members are usually on different hosts
+
+
+def job_shape(topo: Topology) -> JobShape:
+    """Dense arrays of hosts, role groups and ring edges. Host indices follow first appearance,
+    so they stay stable as hosts join."""
+    hosts = tuple(topo.hosts)
+    host_index = {h: i for i, h in enumerate(hosts)}
+    host_of_slot = np.array(
+        [host_index.get(topo.ranks[r].host or "", -1) for r in topo.slot_rank], dtype=np.int64
+    )
+    comms = topo.comm_list
+    groups = [c.slots for c in comms if c.kind in ROLE_KINDS]
+    if not groups:
+        groups = [c.slots for c in comms if c.kind == "world"]
+    if not groups and topo.n_slots >= 2:
+        groups = [np.arange(topo.n_slots)]
+    comm_hosts: list[tuple[int, ...]] = []
+    comm_edges: list[frozenset[tuple[int, int]]] = []
+    cross: list[np.ndarray] = []
+    for c in comms:
+        ring = [int(host_of_slot[s]) for s in c.slots if s < host_of_slot.size]
+        known = [h for h in ring if h >= 0]
+        comm_hosts.append(tuple(sorted(set(known))))
+        edges = set()
+        n = len(ring)
+        for i in range(n if n > 2 else n - 1):
+            a, b = ring[i], ring[(i + 1) % n]
+            if a >= 0 and b >= 0 and a != b:
+                edges.add((min(a, b), max(a, b)))
+        comm_edges.append(frozenset(edges))
+        if c.kind in CROSS_KINDS and len(set(known)) >= 2:
+            cross.append(c.slots)
+    if not cross:
+        cross = [c.slots for c in comms if c.kind == "world" and len(comm_hosts[c.index]) >= 2]
+    kinds = np.array(
+        [P2P if c.kind == "p2p" else KIND_INDEX[c.kind] for c in comms], dtype=np.int64
+    )
+    return JobShape(
+        hosts=hosts,
+        host_of_slot=host_of_slot,
+        groups=PeerGroups.from_groups(groups),
+        cross_groups=PeerGroups.from_groups(cross),
+        comm_kind=kinds,
+        comm_size=np.array([len(c.ranks) for c in comms], dtype=np.int64),
+        comm_hosts=tuple(comm_hosts),
+        comm_edges=tuple(comm_edges),
+    )
+
+
+def blocked_collectives(
+    state: JobState, *, older_than_ns: int, typical: np.ndarray
+) -> list[BlockedCollective]:
+    """Incomplete collectives whose first member entered before ``older_than_ns``.
+
+    Pending collectives are kept in arrival order, so the scan stops at the first young one.
+    """
+    out: list[BlockedCollective] = []
+    comms = state.topology.comms
+    for (name, seq), entry in state.assembler.pending.items():
+        if entry.first_ns >= older_than_ns:
+            break
+        comm = comms.get(name)
+        if comm is None:
+            continue
+        t = float(typical[comm.index]) if comm.index < typical.size else float("nan")
+        out.append(
+            BlockedCollective(name, seq, comm.ranks, tuple(entry.starts), tuple(entry.ends), t)
+        )
+    return out
