@@ -40,15 +40,24 @@ def rounded(x: float | np.floating | None, nd: int = 4) -> float | None:
     return round(float(x), nd)
 
 
-def date_onset(values: np.ndarray, elevated: np.ndarray, *, increase: bool = True) -> int:
+def date_onset(
+    values: np.ndarray,
+    elevated: np.ndarray,
+    suspect: np.ndarray | None = None,
+    *,
+    increase: bool = True,
+) -> int:
     """Position (into the oldest-first ring ``values``) where the current condition began.
 
     Change-point dating: the last change point that ruptures finds in the series (min_size 3,
     the production penalty) in the suspicious direction, moved back over up to three contiguous
-    elevated transition frames (a fault that starts mid-step half-slows its first frame);
-    otherwise the start of the run of elevated frames (tolerating one-frame gaps).
+    elevated transition frames (a fault that starts mid-step half-slows its first frame). With
+    too few frames after the change for ruptures, the start of the run of suspect frames (one
+    elevated transition frame allowed); callers re-date once more frames exist.
     """
-    start = run_start(elevated)
+    start = run_start(suspect, max_gap=0) if suspect is not None else run_start(elevated)
+    if start > 0 and elevated[start - 1] and suspect is not None:
+        start -= 1
     v = np.asarray(values, dtype=np.float64)
     ok = np.isfinite(v)
     if ok.sum() < 7:

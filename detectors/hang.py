@@ -28,6 +28,8 @@ class BlockedCollective:
     started: tuple[int | None, ...]  # start_ns per member (None: never arrived)
     ended: tuple[int | None, ...]  # end_ns per member (None: still inside, or never arrived)
     typical_s: float  # usual duration of this communicator's collectives (NaN if unknown)
+    seen_ns: int = 0  # event time at which the service first heard of it
+    progress_ns: int = 0  # newest step end of any of its members (they moved on: not a hang)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +47,7 @@ class HangFinding:
     roots: tuple[int, ...]
     hosts: tuple[str, ...]
     onset_ns: int
+    detected_ns: int  # first event time at which the evidence sufficed (replay-speed independent)
     reason: str
     evidence: dict[str, object] = field(default_factory=dict)
 
@@ -83,7 +86,12 @@ class HangDetector:
         hung = []
         for b in snap.blocked:
             starts = [s for s in b.started if s is not None]
-            if starts and (now - min(starts)) / 1e9 > self.timeout_s(b.typical_s, snap.step_time_s):
+            if not starts:
+                continue
+            timeout = self.timeout_s(b.typical_s, snap.step_time_s)
+            if b.progress_ns > min(starts) + timeout * 1e9:
+                continue  # a member finished later steps: records went missing, nobody is stuck
+            if (now - min(starts)) / 1e9 > timeout:
                 hung.append(b)
         if not hung:
             return self._stalled(snap, dead_hosts)
@@ -107,6 +115,17 @@ class HangDetector:
             } or set(oldest.members)
             how = "waiting in a cycle of blocked collectives; blaming the oldest one's missing members"
         onset = min(min(s for s in b.started if s is not None) for b in hung)
+        # When could this have been decided? When a collective crossed its timeout, but not
+        # before the service had heard of it.
+        detected = min(
+            max(
+                min(s for s in b.started if s is not None)
+                + int(self.timeout_s(b.typical_s, snap.step_time_s) * 1e9),
+                b.seen_ns,
+            )
+            for b in hung
+        )
+        detected = min(max(detected, onset), now)
         hosts = tuple(sorted({snap.host_of_rank[r] for r in roots if r in snap.host_of_rank}))
         parts = []
         if missing - waiting:
@@ -142,7 +161,7 @@ class HangDetector:
             "waiting_ranks": len(waiting),
             "rule": how,
         }
-        return HangFinding(tuple(sorted(roots)), hosts, onset, reason, evidence)
+        return HangFinding(tuple(sorted(roots)), hosts, onset, detected, reason, evidence)
 
     def _stalled(self, snap: HangSnapshot, dead_hosts: list[str]) -> HangFinding | None:
         """No blocked collectives known, but no progress either (no in-flight reporting).
@@ -161,10 +180,19 @@ class HangDetector:
         roots = tuple(sorted(r for r, h in snap.host_of_rank.items() if h in dead_hosts))
         reason = f"no step or collective completed for {idle:.1f} s while hosts keep reporting"
         reason += f"; host(s) {dead_hosts} stopped reporting"
+        silent_since = min(snap.host_last_ns[h] for h in dead_hosts)
+        detected = min(
+            snap.now_ns,
+            max(
+                silent_since + int(self.dead_after_s * 1e9),
+                snap.last_progress_ns + int(limit * 1e9),
+            ),
+        )
         return HangFinding(
             roots,
             tuple(dead_hosts),
             snap.last_progress_ns,
+            detected,
             reason,
             {"dead_hosts": dead_hosts, "rule": "stall"},
         )

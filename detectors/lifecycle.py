@@ -27,7 +27,13 @@ class ConditionTracker:
     MAX_FLAP_SHIFT = 3
 
     def __init__(
-        self, *, window: int, open_after: int, resolve_after: int, flap_window: int | None = None
+        self,
+        *,
+        window: int,
+        open_after: int,
+        resolve_after: int,
+        flap_window: int | None = None,
+        fast_after: int = 2,
     ) -> None:
         if not 1 <= open_after <= window <= 63:
             raise ValueError("need 1 <= open_after <= window <= 63")
@@ -35,6 +41,7 @@ class ConditionTracker:
         self.open_after = open_after
         self.resolve_after = resolve_after
         self.flap_window = 4 * resolve_after if flap_window is None else flap_window
+        self.fast_after = fast_after  # consecutive *strong* frames that open at once
         self.mask = np.uint64((1 << window) - 1)
         self.frame = 0
         self.bits = np.zeros(0, dtype=np.uint64)
@@ -42,6 +49,7 @@ class ConditionTracker:
         self.clean = np.zeros(0, dtype=np.int64)
         self.flaps = np.zeros(0, dtype=np.int64)
         self.resolved_at = np.zeros(0, dtype=np.int64)
+        self.strong_run = np.zeros(0, dtype=np.int64)
 
     def ensure(self, n: int) -> None:
         extra = n - self.bits.size
@@ -52,6 +60,7 @@ class ConditionTracker:
             self.flaps = np.concatenate([self.flaps, np.zeros(extra, np.int64)])
             never = np.full(extra, np.iinfo(np.int64).min // 2, np.int64)
             self.resolved_at = np.concatenate([self.resolved_at, never])
+            self.strong_run = np.concatenate([self.strong_run, np.zeros(extra, np.int64)])
 
     def seed_open(self, index: int) -> None:
         """Mark a subject open (an incident that was open before a restart)."""
@@ -62,8 +71,20 @@ class ConditionTracker:
     def suspect_count(self) -> np.ndarray:
         return np.bitwise_count(self.bits & self.mask).astype(np.int64)
 
-    def update(self, suspect: np.ndarray, elevated: np.ndarray, present: np.ndarray) -> Transitions:
-        """Advance one frame. Absent subjects (no data) neither count as suspect nor as clean."""
+    def update(
+        self,
+        suspect: np.ndarray,
+        elevated: np.ndarray,
+        present: np.ndarray,
+        strong: np.ndarray | None = None,
+    ) -> Transitions:
+        """Advance one frame. Absent subjects (no data) neither count as suspect nor as clean.
+
+        ``strong`` marks suspects whose evidence is far past the thresholds: ``fast_after``
+        consecutive strong frames open a subject without waiting for ``open_after`` (a large
+        shift needs fewer samples, as in a sequential test; one frame never suffices, so a
+        single-step spike cannot open anything).
+        """
         n = suspect.size
         self.ensure(n)
         self.frame += 1
@@ -72,7 +93,16 @@ class ConditionTracker:
         self.bits[:n] = np.where(present, shifted, bits)
         count = self.suspect_count()[:n]
         was_open = self.open[:n].copy()
-        opening = ~was_open & present & suspect & (count >= self.open_after)
+        if strong is None:
+            strong = np.zeros(n, dtype=bool)
+        run = np.where(
+            present & strong & suspect,
+            self.strong_run[:n] + 1,
+            np.where(present, 0, self.strong_run[:n]),
+        )
+        self.strong_run[:n] = run
+        fast = run >= self.fast_after
+        opening = ~was_open & present & suspect & ((count >= self.open_after) | fast)
         flapping = opening & (self.frame - self.resolved_at[:n] <= self.flap_window)
         self.flaps[:n] = np.where(
             opening, np.where(flapping, self.flaps[:n] + 1, 0), self.flaps[:n]
@@ -132,12 +162,16 @@ class KeyedTracker:
         i = self.index.get(key)
         return i is not None and bool(self.tracker.open[i])
 
-    def update(self, suspect: set[str], elevated: set[str]) -> tuple[list[str], list[str]]:
+    def update(
+        self, suspect: set[str], elevated: set[str], strong: set[str] | None = None
+    ) -> tuple[list[str], list[str]]:
         """Advance one frame for every known subject; returns (opened, resolved) names."""
+        strong = strong or set()
         for key in suspect | elevated:
             self._slot(key)
         n = len(self.names)
         sus = np.array([k in suspect for k in self.names], dtype=bool)
         ele = np.array([k in elevated for k in self.names], dtype=bool)
-        tr = self.tracker.update(sus, ele | sus, np.ones(n, dtype=bool))
+        stg = np.array([k in strong for k in self.names], dtype=bool)
+        tr = self.tracker.update(sus, ele | sus, np.ones(n, dtype=bool), stg)
         return [self.names[i] for i in tr.opened], [self.names[i] for i in tr.resolved]

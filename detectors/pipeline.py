@@ -20,7 +20,7 @@ import numpy as np
 from detectors.changepoint import OnlineChangeDetector
 from detectors.findings import Finding, date_onset, rounded
 from detectors.hang import HangDetector, HangFinding, HangSnapshot
-from detectors.lifecycle import ConditionTracker, KeyedTracker
+from detectors.lifecycle import ConditionTracker, KeyedTracker, run_start
 from detectors.link import LinkDetector, LinkScores
 from detectors.straggler import (
     FrameScores,
@@ -32,6 +32,8 @@ from detectors.straggler import (
 from detectors.types import Frame, JobShape
 
 __all__ = ["Finding", "JobPipeline"]
+
+REDATE_AFTER = 6  # frames after opening: the change then has enough samples on both sides
 
 
 @dataclass(slots=True)
@@ -45,6 +47,7 @@ class _Open:
     slots: tuple[int, ...] = ()
     hosts: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
+    redate_at: int = -1  # frame counter at which to re-date the onset with more data
 
 
 def _med(a: np.ndarray) -> float:
@@ -83,7 +86,8 @@ class JobPipeline:
         self.tracker = ConditionTracker(**track)  # slow_gpu, over rank slots
         self.hosts = ConditionTracker(**track)  # slow_node, over host indices
         self.link_keys = KeyedTracker(**track)  # slow_link subjects
-        self.job_keys = KeyedTracker(**track)  # the job_slowdown subject
+        # the job signal already spans two frames (min of the last two), so one strong reading opens
+        self.job_keys = KeyedTracker(**track, fast_after=1)  # the job_slowdown subject
         self.late_fraction = late_fraction
         self.compute_ratio = compute_ratio
         self.job_slowdown_ratio = job_slowdown_ratio
@@ -118,6 +122,12 @@ class JobPipeline:
         self.last_links: LinkScores | None = None
         self.shape: JobShape | None = None
         self.comm_typical = np.zeros(0)  # per comm: EWMA of the mean transfer time (s)
+        # Individual baseline (NVIDIA's "individual score"): each rank's usual compute ratio vs
+        # its peers, an EWMA that never learns from elevated frames. A moderate deviation counts
+        # only as a change from it; a static one only when it is large (``static_ratio``).
+        self.own_ratio = np.zeros(0)
+        self._culprit_seen: deque[bool] = deque(maxlen=2)
+        self.static_ratio = 1.0 + 5.0 * (compute_ratio - 1.0)
 
     # -- state ---------------------------------------------------------------------------------
     def _ensure(self, n: int, n_comms: int) -> None:
@@ -129,6 +139,7 @@ class JobPipeline:
                 arr = getattr(self, name)
                 setattr(self, name, np.vstack([arr, np.full((extra, self.h), np.nan, np.float32)]))
             self.tracker.ensure(n)
+            self.own_ratio = np.concatenate([self.own_ratio, np.full(extra, np.nan)])
             self.n = n
         if n_comms > self.link_ratio.shape[0]:
             extra = n_comms - self.link_ratio.shape[0]
@@ -196,6 +207,7 @@ class JobPipeline:
         if self.count <= self.warmup_frames:
             return []
         findings: list[Finding] = []
+        findings += self._redate(frame)
         findings += self._ranks(frame, scores, nodes)
         findings += self._nodes(frame, nodes)
         findings += self._links(frame, links)
@@ -243,6 +255,32 @@ class JobPipeline:
                 np.isnan(t), mean, np.where(np.isnan(mean), t, 0.9 * t + 0.1 * mean)
             )
 
+    def _gpu_signal(self, slot: int, pos: np.ndarray) -> np.ndarray:
+        ratio = self.ratio[slot, pos]
+        return ratio if np.isfinite(ratio).sum() >= 7 else self.late[slot, pos]
+
+    def _redate(self, frame: Frame) -> list[Finding]:
+        """Re-date slow-GPU onsets once enough frames after the change exist for ruptures."""
+        out = []
+        for key, info in self.opened.items():
+            if info.kind != "slow_gpu" or info.redate_at != self.count:
+                continue
+            slot = info.slots[0]
+            pos = self._positions(0)
+            start = date_onset(
+                self._gpu_signal(slot, pos), self.elevated[slot, pos], self.suspect[slot, pos]
+            )
+            onset_pos = self.count - len(pos) + start
+            if onset_pos != info.onset_pos:
+                q = onset_pos % self.h
+                info.onset_pos, info.onset_index, info.onset_ns = (
+                    onset_pos,
+                    int(self.f_index[q]),
+                    int(self.f_start[q]),
+                )
+                out.append(self._finding("updated", info, key[1], frame))
+        return out
+
     # -- kinds ---------------------------------------------------------------------------------
     def _ranks(self, frame: Frame, s: FrameScores, nodes: NodeScores) -> list[Finding]:
         shape = self.shape
@@ -257,18 +295,27 @@ class JobPipeline:
         bad_hosts = np.flatnonzero(nodes.suspect | self.hosts.open[: nodes.suspect.size])
         if bad_hosts.size:
             on_slow_host = np.isin(host, bad_hosts)
-        suspect = s.suspect & ~on_slow_host  # the node explains them
-        trans = self.tracker.update(suspect, s.elevated, np.isfinite(s.late))
+        n = frame.n
+        own = self.own_ratio[:n]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            change = s.compute_ratio / own
+            changed = np.isnan(change) | (change >= self.compute_ratio)
+            big = s.compute_ratio >= self.static_ratio
+        suspect = s.suspect & ~on_slow_host & (changed | big)  # the node explains its ranks
+        strong = s.strong & (changed | big)
+        trans = self.tracker.update(suspect, s.elevated, np.isfinite(s.late), strong)
+        learn = np.isfinite(s.compute_ratio) & ~s.elevated & ~self.tracker.open[:n]
+        self.own_ratio[:n] = np.where(
+            learn, np.where(np.isnan(own), s.compute_ratio, 0.9 * own + 0.1 * s.compute_ratio), own
+        )
         out = []
         for slot in trans.opened.tolist():
             pos = self._positions(0)
-            signal = (
-                self.ratio[slot, pos]
-                if np.isfinite(self.ratio[slot, pos]).sum() >= 7
-                else self.late[slot, pos]
+            start = date_onset(
+                self._gpu_signal(slot, pos), self.elevated[slot, pos], self.suspect[slot, pos]
             )
-            start = date_onset(signal, self.elevated[slot, pos])
             info = self._open("slow_gpu", start, len(pos), frame, slots=(int(slot),))
+            info.redate_at = self.count + REDATE_AFTER
             hostname = shape.hosts[host[slot]] if host[slot] >= 0 else None
             info.hosts = (hostname,) if hostname else ()
             self.opened[("slow_gpu", f"slot:{slot}")] = info
@@ -289,8 +336,9 @@ class JobPipeline:
         assert shape is not None
         n_hosts = nodes.suspect.size
         self.hosts.ensure(n_hosts)
+        strong = nodes.suspect & (nodes.ratio >= 1 + 3 * (self.compute_ratio - 1))
         trans = self.hosts.update(
-            nodes.suspect, nodes.elevated | nodes.suspect, np.isfinite(nodes.ratio)
+            nodes.suspect, nodes.elevated | nodes.suspect, np.isfinite(nodes.ratio), strong
         )
         out = []
         host = shape.host_of_slot[: frame.n]
@@ -331,7 +379,13 @@ class JobPipeline:
                 comms = info.extra.get("comms", [])
                 if any(c < links.elevated.size and links.elevated[c] for c in comms):
                     elevated.add(f"slow_link/{subject}")
-        opened, resolved = self.link_keys.update(suspects, elevated)
+        strong = {
+            f"slow_link/{k}"
+            for k, (_, slowdown, _) in links.suspects.items()
+            if np.isfinite(slowdown)
+            and slowdown >= 1.0 / (1.0 - 3.0 * (1.0 - self.links.slow_ratio))
+        }
+        opened, resolved = self.link_keys.update(suspects, elevated, strong)
         out = []
         for key in opened:
             if not key.startswith("slow_link/"):
@@ -369,39 +423,42 @@ class JobPipeline:
     def _job(
         self, frame: Frame, s: FrameScores, nodes: NodeScores, links: LinkScores
     ) -> list[Finding]:
-        """A job-wide slowdown: the step time shifted up (confirmed change point, >= 10%) and no
-        GPU, node or link is suspected or blamed."""
+        """A job-wide slowdown: step time >= ``job_slowdown_ratio`` x baseline in both of the last
+        two frames (one checkpoint stall cannot do that) while no GPU, node or link is suspected
+        or blamed. Dated by the job step time's confirmed change point when there is one."""
         if not frame.has_steps:
             return []
         base = self.baseline()
-        recent = self.f_time[self._positions(self.count - self.window)]
-        now = _med(recent)
-        culprit = bool(s.suspect.any() or nodes.suspect.any() or links.suspects) or any(
+        last2 = self.f_time[self._positions(self.count - 2)]
+        low = float(np.min(last2)) if last2.size == 2 and np.isfinite(last2).all() else float("nan")
+        ratio = low / base if np.isfinite(base) and base > 0 else float("nan")
+        # A culprit is an open incident or one suspected in both of the last two frames: when a
+        # job-wide slowdown starts, ranks enter the slow step at slightly different times and
+        # look uneven for a frame.
+        self._culprit_seen.append(bool(s.suspect.any() or nodes.suspect.any() or links.suspects))
+        culprit = (len(self._culprit_seen) == 2 and all(self._culprit_seen)) or any(
             info.kind in ("slow_gpu", "slow_node", "slow_link", "hang")
             for info in self.opened.values()
         )
-        ratio = now / base if np.isfinite(base) and base > 0 else float("nan")
-        cps = self.job_cpd.points
-        shifted = bool(cps) and cps[-1].after >= self.job_slowdown_ratio * cps[-1].before
-        suspect = (
-            {"job_slowdown/job"}
-            if (ratio >= self.job_slowdown_ratio and shifted and not culprit)
-            else set()
-        )
-        elevated = {"job_slowdown/job"} if ratio >= 1 + (self.job_slowdown_ratio - 1) / 2 else set()
-        opened, resolved = self.job_keys.update(suspect, elevated)
+        key = "job_slowdown/job"
+        jr = self.job_slowdown_ratio
+        suspect = {key} if ratio >= jr and not culprit else set()
+        strong = {key} if ratio >= 1 + 2 * (jr - 1) and not culprit else set()
+        elevated = {key} if ratio >= 1 + (jr - 1) / 2 else set()
+        opened, resolved = self.job_keys.update(suspect, elevated, strong)
         out = []
-        if "job_slowdown/job" in opened:
+        if key in opened:
             pos = self._positions(0)
             first = self.count - len(pos)
-            cp_index = cps[-1].index if cps else None  # sample index = frame counter (steps only)
-            start = (
-                (cp_index - first) if cp_index is not None and cp_index >= first else len(pos) - 1
-            )
-            info = self._open("job_slowdown", start, len(pos), frame)
+            cps = self.job_cpd.points
+            flags = self.f_time[pos] >= base * (1 + (jr - 1) / 2)
+            start = run_start(flags)
+            if cps and cps[-1].after >= jr * cps[-1].before and cps[-1].index >= first + start - 3:
+                start = cps[-1].index - first  # sample index of the job detector = frame counter
+            info = self._open("job_slowdown", max(0, min(start, len(pos) - 1)), len(pos), frame)
             self.opened[("job_slowdown", "job")] = info
             out.append(self._finding("opened", info, "job", frame))
-        if "job_slowdown/job" in resolved:
+        if key in resolved:
             info = self.opened.pop(("job_slowdown", "job"), None)
             if info is not None:
                 out.append(self._finding("resolved", info, "job", frame))
@@ -421,7 +478,7 @@ class JobPipeline:
         slots = tuple(slot_of_rank[r] for r in found.roots if r in slot_of_rank)
         if info is None:
             info = _Open(
-                "hang", self.count, -1, found.onset_ns, -1, snap.now_ns, slots, found.hosts
+                "hang", self.count, -1, found.onset_ns, -1, found.detected_ns, slots, found.hosts
             )
             self.opened[key] = info
             return [self._hang_finding("opened", info, found, snap)]
@@ -450,7 +507,7 @@ class JobPipeline:
             onset_index=None,
             onset_ns=info.onset_ns,
             detected_index=None,
-            detected_ns=snap.now_ns if status != "opened" or found else info.detected_ns,
+            detected_ns=info.detected_ns if status == "opened" else snap.now_ns,
             slowdown=None,
             subject_slowdown=None,
             confidence=0.99 if info.slots else 0.6,

@@ -17,10 +17,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from detectors.robust import loo_median
+from detectors.robust import MAD_SCALE, loo_median
 from detectors.types import KIND_INDEX, KINDS, P2P, Frame, JobShape, PeerGroups
 
-SYMMETRIC = np.array([i for i in range(len(KINDS)) if i != P2P])
+# Kinds whose members are peers doing the same thing at the same time. Pipeline comms (p2p pairs,
+# and groups spanning stages such as Megatron's embedding group) carry structural lateness:
+# stages run different schedules, so being "late" there says nothing about speed.
+SYMMETRIC = np.array([i for i, k in enumerate(KINDS) if k not in ("p2p", "pp")])
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +38,7 @@ class FrameScores:
     compute_ratio: np.ndarray  # compute / role peers' compute (min over the rank's groups)
     suspect: np.ndarray  # bool: crosses the thresholds in this frame
     elevated: np.ndarray  # bool: crosses the relaxed thresholds (hysteresis, onset dating)
+    strong: np.ndarray  # bool: far past the thresholds (fast opening)
 
 
 def min_rule_lateness(late: np.ndarray, calls: np.ndarray) -> np.ndarray:
@@ -69,13 +73,34 @@ class PeerLatenessDetector:
     """Stateless per-frame scorer; persistence and hysteresis live in the lifecycle tracker."""
 
     def __init__(
-        self, *, late_fraction: float = 0.03, compute_ratio: float = 1.05, relax: float = 0.5
+        self,
+        *,
+        late_fraction: float = 0.03,
+        compute_ratio: float = 1.05,
+        relax: float = 0.5,
+        strong: float = 3.0,
     ) -> None:
-        if late_fraction <= 0 or compute_ratio <= 1 or not 0 < relax <= 1:
-            raise ValueError("need late_fraction > 0, compute_ratio > 1, 0 < relax <= 1")
+        if late_fraction <= 0 or compute_ratio <= 1 or not 0 < relax <= 1 or strong < 1:
+            raise ValueError(
+                "need late_fraction > 0, compute_ratio > 1, 0 < relax <= 1, strong >= 1"
+            )
         self.late_fraction = late_fraction
         self.compute_ratio = compute_ratio
         self.relax = relax
+        self.strong = strong
+        self.z_suspect = 3.0
+        self.z_strong = 6.0
+        self.min_spread = 0.005
+
+    def _z(self, ratio: np.ndarray) -> np.ndarray:
+        """(ratio - median) / robust spread across ranks; +inf (no noise gate) below 8 ranks."""
+        finite = ratio[np.isfinite(ratio)]
+        if finite.size < 8:
+            return np.full(ratio.shape, np.inf)
+        med = float(np.median(finite))
+        spread = max(MAD_SCALE * float(np.median(np.abs(finite - med))), self.min_spread)
+        with np.errstate(invalid="ignore"):
+            return np.where(np.isfinite(ratio), (ratio - med) / spread, np.inf)
 
     def score(self, frame: Frame, groups: PeerGroups) -> FrameScores:
         present = (frame.calls.sum(axis=1) > 0) | np.isfinite(frame.step_time)
@@ -98,7 +123,10 @@ class PeerLatenessDetector:
             frame_time = np.nan
         late_fraction = late / frame_time
         typical = np.nanmedian(late_fraction) if np.isfinite(late_fraction).any() else 0.0
-        ratio_ok = np.isnan(ratio) | (ratio >= self.compute_ratio)
+        # Noise-relative: how far above typical is the rank, in robust spreads of this frame's
+        # ratios? Jobs whose per-step work varies (random sequence lengths) need more to convince.
+        z = self._z(ratio)
+        ratio_ok = np.isnan(ratio) | ((ratio >= self.compute_ratio) & (z >= self.z_suspect))
         relaxed_ratio = 1.0 + (self.compute_ratio - 1.0) * self.relax
         with np.errstate(invalid="ignore"):
             suspect = (
@@ -109,6 +137,15 @@ class PeerLatenessDetector:
             elevated = (late_fraction >= self.late_fraction * self.relax) & (
                 np.isnan(ratio) | (ratio >= relaxed_ratio)
             )
+            strong_ratio = 1.0 + (self.compute_ratio - 1.0) * self.strong
+            # Not for time frames: buckets cut steps anywhere, so a partial step can look strong.
+            strong = (
+                suspect
+                & (late_fraction >= self.late_fraction * self.strong)
+                & (ratio >= strong_ratio)
+                & (z >= self.z_strong)
+                & frame.has_steps
+            )
         return FrameScores(
             index=frame.index,
             frame_time=frame_time,
@@ -118,6 +155,7 @@ class PeerLatenessDetector:
             compute_ratio=ratio,
             suspect=np.nan_to_num(suspect, nan=0).astype(bool),
             elevated=np.nan_to_num(elevated, nan=0).astype(bool),
+            strong=np.nan_to_num(strong, nan=0).astype(bool),
         )
 
 

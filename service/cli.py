@@ -79,6 +79,21 @@ def cmd_token(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(argv: list[str]) -> int:
+    """Run bench/eval from the source checkout (it needs ../shared/datasets as well)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "bench" / "eval" / "runner.py").exists():
+        raise SystemExit(
+            "failslow eval needs a source checkout (bench/eval) next to ../shared/datasets"
+        )
+    sys.path.insert(0, str(root))
+    from bench.eval.runner import main as eval_main
+
+    return eval_main(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="failslow", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -102,10 +117,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--token", help="hash this token instead of generating one")
     p.set_defaults(func=cmd_token)
 
+    p = sub.add_parser(
+        "eval", help="evaluation harness: scenarios, baselines, real traces, TCPD", add_help=False
+    )
+    p.set_defaults(func=None, eval=True)
+
     from agents.cli import register as register_agent_commands  # noqa: PLC0415
 
     register_agent_commands(sub)
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["eval"]:
+        return cmd_eval(argv[1:])
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -27,6 +27,11 @@ class Run:
             if f.status == "opened" and (kind is None or f.kind == kind)
         ]
 
+    def onset(self, kind: str, subject: str) -> int | None:
+        """The onset step of the condition as last reported (openings are re-dated later)."""
+        latest = [f for _, f in self.findings if f.kind == kind and f.subject == subject]
+        return latest[-1].onset_index if latest else None
+
     def resolved(self) -> list[tuple[int, Finding]]:
         return [(r, f) for r, f in self.findings if f.status == "resolved"]
 

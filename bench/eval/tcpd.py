@@ -17,7 +17,33 @@ import numpy as np
 from bench.eval.tcpd_metrics import cover, f1
 from detectors.changepoint import find_change_points
 
-SERIES = ["bank", "brent_spot", "businv", "centralia", "children_per_woman", "co2_canada", "construction", "debt_ireland", "gdp_argentina", "gdp_croatia", "gdp_iran", "gdp_japan", "global_co2", "homeruns", "jfk_passengers", "lga_passengers", "nile", "ozone", "rail_lines", "seatbelts", "shanghai_license", "unemployment_nl", "us_population", "usd_isk", "well_log"]
+SERIES = [
+    "bank",
+    "brent_spot",
+    "businv",
+    "centralia",
+    "children_per_woman",
+    "co2_canada",
+    "construction",
+    "debt_ireland",
+    "gdp_argentina",
+    "gdp_croatia",
+    "gdp_iran",
+    "gdp_japan",
+    "global_co2",
+    "homeruns",
+    "jfk_passengers",
+    "lga_passengers",
+    "nile",
+    "ozone",
+    "rail_lines",
+    "seatbelts",
+    "shanghai_license",
+    "unemployment_nl",
+    "us_population",
+    "usd_isk",
+    "well_log",
+]
 
 
 def load(root: Path) -> tuple[dict[str, np.ndarray], dict[str, dict[str, list[int]]]]:

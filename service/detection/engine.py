@@ -308,6 +308,7 @@ class DetectionEngine:
         if f.status == "updated":
             if f.kind == "hang":
                 row.ranks, row.hosts = ranks, hosts
+            row.onset_ns, row.onset_step = f.onset_ns, f.onset_index  # re-dated with more data
             incidents.refresh_incident(
                 s,
                 incident=row,

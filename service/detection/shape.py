@@ -76,7 +76,18 @@ def blocked_collectives(
         if comm is None:
             continue
         t = float(typical[comm.index]) if comm.index < typical.size else float("nan")
+        newest = state.frames.newest_end
+        progress = int(max((newest[s] for s in comm.slots if s < newest.size), default=0))
         out.append(
-            BlockedCollective(name, seq, comm.ranks, tuple(entry.starts), tuple(entry.ends), t)
+            BlockedCollective(
+                name,
+                seq,
+                comm.ranks,
+                tuple(entry.starts),
+                tuple(entry.ends),
+                t,
+                entry.seen_ns,
+                progress,
+            )
         )
     return out

@@ -34,6 +34,7 @@ class Pending:
     ident: list[tuple[str, int, int | None] | None]  # per member (op, bytes, peer)
     reported: int = 0
     finished: int = 0
+    seen_ns: int = 0  # the job's event time when the first member's record arrived
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +71,7 @@ class Assembler:
         self.expired = 0  # incomplete collectives dropped by retention or the cap
         self.assumed_duplicates = 0
 
-    def offer(self, rec: CollectiveRecord, comm: CommInfo) -> Outcome:
+    def offer(self, rec: CollectiveRecord, comm: CommInfo, now_ns: int = 0) -> Outcome:
         """Add one validated record of a member of ``comm``; raise RecordError on conflict."""
         pos = comm.position.get(rec.rank)
         if pos is None:
@@ -89,7 +90,9 @@ class Assembler:
                 return Outcome.DUPLICATE
             n = len(comm.ranks)
             kind = P2P if rec.op in P2P_OPS else KIND_INDEX[comm.kind]
-            entry = Pending(kind, rec.nbytes, rec.start_ns, [None] * n, [None] * n, [None] * n)
+            entry = Pending(
+                kind, rec.nbytes, rec.start_ns, [None] * n, [None] * n, [None] * n, seen_ns=now_ns
+            )
             self.pending[key] = entry
             if len(self.pending) > self.max_pending:
                 self._expire_oldest()

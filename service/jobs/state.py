@@ -131,7 +131,7 @@ class JobState:
                 if comm is None:
                     raise RecordError(f"unknown comm {rec.comm} (announce it in comms[])")
                 topo.check_rank_host(rec.rank, env.host)
-                outcome = self.assembler.offer(rec, comm)
+                outcome = self.assembler.offer(rec, comm, self.watermark_ns)
             except RecordError as exc:
                 self._reject(result, f"collectives[{i}]", str(exc))
                 continue

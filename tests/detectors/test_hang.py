@@ -71,3 +71,12 @@ def test_stall_without_inflight_data_needs_a_silent_host() -> None:
     )
     f = HangDetector().analyse(silent)
     assert f is not None and f.roots == (4,) and f.hosts == ("h1",)
+
+
+def test_members_that_moved_on_mean_lost_records_not_a_hang() -> None:
+    a = blocked("dp", (0, 4), {0: NOW - 20 * S})  # 4 "missing" ...
+    moved_on = BlockedCollective(
+        a.comm, a.seq, a.members, a.started, a.ended, a.typical_s, a.seen_ns, NOW - S
+    )
+    assert HangDetector().analyse(snap(moved_on)) is None  # ... but it completed later steps
+    assert HangDetector().analyse(snap(a)) is not None
