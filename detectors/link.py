@@ -5,7 +5,8 @@ shows up as low bus bandwidth (message size x bus factor / transfer time, where 
 is the last arriver's duration) of every communicator whose ring crosses it — and as nothing in
 compute time. This is the idea behind Alibaba C4's communication "syndromes": a host whose every
 cross-host communicator is slow has a slow NIC; a ring edge present in every slow communicator and
-in no healthy one is a slow link between two hosts. When several edges are equally suspect,
+in no healthy one is a slow link between two hosts. Under a single-fault assumption the component
+chosen is the one whose communicators best match the slow ones (F1). When several edges are equally suspect,
 passive data cannot separate them and the finding says so (active probes can, later).
 
 Each communicator is compared with two references, and must be slow against both:
@@ -53,6 +54,7 @@ class LinkDetector:
         self.slow_ratio = slow_ratio
         self.relaxed_ratio = 1.0 - (1.0 - slow_ratio) * relax
         self.nic_fraction = nic_fraction
+        self.min_fit = 0.8  # F1 below which no single component explains the slow communicators
         self.block = block
         self.history_blocks = history_blocks
         self._current: list[np.ndarray] = []
@@ -118,46 +120,58 @@ class LinkDetector:
     def _localise(
         self, shape: JobShape, n_comms: int, busbw: np.ndarray, slow: np.ndarray, own: np.ndarray
     ) -> tuple[np.ndarray, dict[str, tuple[tuple[str, ...], float, tuple[tuple[str, str], ...]]]]:
+        """The single component (a host's NIC, or a cable between two hosts) whose communicators
+        best match the slow ones: F1 between "crosses the component" and "is slow", over
+        communicators with data. Equally good edges are reported together (ambiguous)."""
         n_hosts = shape.n_hosts
-        with_data = [c for c in range(n_comms) if np.isfinite(busbw[c])]
-        host_total = np.zeros(n_hosts)
-        host_slow = np.zeros(n_hosts)
-        edge_total: dict[tuple[int, int], int] = {}
-        edge_slow: dict[tuple[int, int], int] = {}
-        for c in with_data:
-            for h in shape.comm_hosts[c]:
-                host_total[h] += 1
-                host_slow[h] += slow[c]
-            for e in shape.comm_edges[c]:
-                edge_total[e] = edge_total.get(e, 0) + 1
-                edge_slow[e] = edge_slow.get(e, 0) + int(slow[c])
+        data = np.zeros(max(n_comms, 1), dtype=bool)
+        data[:n_comms] = np.isfinite(busbw[:n_comms])
+        bad = np.zeros_like(data)
+        bad[:n_comms] = slow[:n_comms] & data[:n_comms]
+        keep_h = shape.ch_comm < n_comms
+        ch_comm, ch_host = shape.ch_comm[keep_h], shape.ch_host[keep_h]
+        host_total = np.bincount(ch_host[data[ch_comm]], minlength=n_hosts).astype(float)
+        host_slow = np.bincount(ch_host[bad[ch_comm]], minlength=n_hosts).astype(float)
         with np.errstate(divide="ignore", invalid="ignore"):
             host_frac = np.where(host_total > 0, host_slow / host_total, np.nan)
         suspects: dict[str, tuple[tuple[str, ...], float, tuple[tuple[str, str], ...]]] = {}
-        slow_comms = [c for c in with_data if slow[c]]
-        if not slow_comms:
+        n_bad = int(bad.sum())
+        if not n_bad:
+            return host_frac, suspects
+        keep_e = shape.ce_comm < n_comms
+        ce_comm, ce_edge = shape.ce_comm[keep_e], shape.ce_edge[keep_e]
+        n_edges = shape.edges.shape[0]
+        e_total = np.bincount(ce_edge[data[ce_comm]], minlength=n_edges).astype(float)
+        e_slow = np.bincount(ce_edge[bad[ce_comm]], minlength=n_edges).astype(float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            f_host = np.nan_to_num(2 * host_slow / (host_total + n_bad))
+            f_edge = np.nan_to_num(2 * e_slow / (e_total + n_bad))
+        best = max(float(f_host.max(initial=0.0)), float(f_edge.max(initial=0.0)))
+        if best < self.min_fit:
             return host_frac, suspects
 
-        def slowdown(comms: list[int]) -> float:
-            vals = [own[c] / busbw[c] for c in comms if np.isfinite(own[c]) and busbw[c] > 0]
-            return float(np.median(vals)) if vals else float("nan")
+        def slowdown(mask: np.ndarray) -> float:
+            m = mask[:n_comms]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                vals = own[:n_comms][m] / busbw[:n_comms][m]
+            vals = vals[np.isfinite(vals)]
+            return float(np.median(vals)) if vals.size else float("nan")
 
-        nics = [
-            h for h in range(n_hosts) if host_slow[h] >= 1 and host_frac[h] >= self.nic_fraction
-        ]
-        explained = {c for c in slow_comms if any(h in shape.comm_hosts[c] for h in nics)}
-        for h in nics:
-            comms = [c for c in slow_comms if h in shape.comm_hosts[c]]
-            suspects[f"host:{shape.hosts[h]}"] = ((shape.hosts[h],), slowdown(comms), ())
-        rest = [c for c in slow_comms if c not in explained]
-        if rest:
-            common = set.intersection(*(set(shape.comm_edges[c]) for c in rest))
-            edges = sorted(
-                e for e in common if edge_slow.get(e, 0) / edge_total.get(e, 1) >= self.nic_fraction
-            )
-            if edges:
-                names = tuple((shape.hosts[a], shape.hosts[b]) for a, b in edges)
-                hosts = tuple(sorted({h for pair in names for h in pair}))
-                subject = "link:" + ",".join(f"{a}|{b}" for a, b in names)
-                suspects[subject] = (hosts, slowdown(rest), names)
+        tol = 1e-9
+        hosts_best = np.flatnonzero(f_host >= best - tol)
+        if hosts_best.size == 1 and f_host[hosts_best[0]] >= float(f_edge.max(initial=0.0)) - tol:
+            h = int(hosts_best[0])  # a NIC explains it at least as well as any cable
+            mine = np.zeros_like(data)
+            mine[ch_comm[ch_host == h]] = True
+            suspects[f"host:{shape.hosts[h]}"] = ((shape.hosts[h],), slowdown(bad & mine), ())
+            return host_frac, suspects
+        ids = np.flatnonzero(f_edge >= best - tol)
+        if ids.size:
+            pairs = sorted((int(shape.edges[e, 0]), int(shape.edges[e, 1])) for e in ids)
+            names = tuple((shape.hosts[a], shape.hosts[b]) for a, b in pairs)
+            hosts = tuple(sorted({h for pair in names for h in pair}))
+            crossing = np.zeros_like(data)
+            crossing[ce_comm[np.isin(ce_edge, ids)]] = True
+            subject = "link:" + ",".join(f"{a}|{b}" for a, b in names)
+            suspects[subject] = (hosts, slowdown(bad & crossing), names)
         return host_frac, suspects

@@ -47,3 +47,23 @@ def median_mad(values: np.ndarray) -> tuple[float, float]:
         return float("nan"), float("nan")
     med = float(np.median(v))
     return med, MAD_SCALE * float(np.median(np.abs(v - med)))
+
+
+def group_median(values: np.ndarray, groups: np.ndarray, n_groups: int) -> np.ndarray:
+    """Median of the finite ``values`` of each group (``groups`` in [0, n_groups)), vectorised."""
+    v = np.asarray(values, dtype=np.float64)
+    g = np.asarray(groups, dtype=np.int64)
+    ok = np.isfinite(v) & (g >= 0)
+    v, g = v[ok], g[ok]
+    out = np.full(n_groups, np.nan)
+    if v.size == 0:
+        return out
+    order = np.lexsort((v, g))
+    v, g = v[order], g[order]
+    counts = np.bincount(g, minlength=n_groups)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    has = counts > 0
+    lo = starts[has] + (counts[has] - 1) // 2
+    hi = starts[has] + counts[has] // 2
+    out[has] = 0.5 * (v[lo] + v[hi])
+    return out

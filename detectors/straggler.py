@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from detectors.robust import MAD_SCALE, loo_median
+from detectors.robust import MAD_SCALE, group_median, loo_median
 from detectors.types import KIND_INDEX, KINDS, P2P, Frame, JobShape, PeerGroups
 
 # Kinds whose members are peers doing the same thing at the same time. Pipeline comms (p2p pairs,
@@ -197,9 +197,7 @@ def node_scores(
     total = np.bincount(host[has], minlength=n_hosts).astype(float)
     bad = np.bincount(host[has & sus], minlength=n_hosts).astype(float)
     warm = np.bincount(host[has & ele], minlength=n_hosts).astype(float)
-    med = np.full(n_hosts, np.nan)
-    for h in np.flatnonzero(total > 0):
-        med[h] = float(np.median(ratio[has & (host == h)]))
+    med = group_median(ratio, np.where(has, host, -1), n_hosts)
     with np.errstate(divide="ignore", invalid="ignore"):
         suspect = (total > 0) & (bad >= 2) & (bad / total > majority)
         elevated = (total > 0) & (warm >= 2) & (warm / total > majority)

@@ -76,6 +76,14 @@ class JobShape:
     comm_size: np.ndarray  # (n_comms,) members
     comm_hosts: tuple[tuple[int, ...], ...]  # distinct host indices of each comm
     comm_edges: tuple[frozenset[tuple[int, int]], ...]  # cross-host ring edges (a < b) of each comm
+    # The same incidence as flat arrays, for vectorised counting:
+    ch_comm: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (comm, host) pairs
+    ch_host: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    ce_comm: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (comm, edge) pairs
+    ce_edge: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    edges: np.ndarray = field(
+        default_factory=lambda: np.zeros((0, 2), np.int64)
+    )  # edge id -> hosts
 
     @property
     def n_hosts(self) -> int:

@@ -55,7 +55,7 @@ def run(
 
     def drain(flush: bool = False) -> None:
         nonlocal frames
-        state.frames.add_collectives(state.assembler.take_ready(), len(state.topology.comm_list))
+        state.drain_ready()
         closed = state.frames.advance(
             state.watermark_ns, state.topology.n_slots, flush=flush, world=state.topology.world_size
         )

@@ -133,7 +133,7 @@ class DetectionEngine:
                 if not rt.seeded:
                     self._seed(rt, state)
                 topo = state.topology
-                state.frames.add_collectives(state.assembler.take_ready(), len(topo.comm_list))
+                state.drain_ready()
                 closed = state.frames.advance(
                     state.watermark_ns, topo.n_slots, flush=flush, world=topo.world_size
                 )

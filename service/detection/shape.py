@@ -48,6 +48,11 @@ def job_shape(topo: Topology) -> JobShape:
     kinds = np.array(
         [P2P if c.kind == "p2p" else KIND_INDEX[c.kind] for c in comms], dtype=np.int64
     )
+    edge_id: dict[tuple[int, int], int] = {}
+    ch = [(i, h) for i, hs in enumerate(comm_hosts) for h in hs]
+    ce = [(i, edge_id.setdefault(e, len(edge_id))) for i, es in enumerate(comm_edges) for e in es]
+    ch_arr = np.array(ch, dtype=np.int64).reshape(-1, 2)
+    ce_arr = np.array(ce, dtype=np.int64).reshape(-1, 2)
     return JobShape(
         hosts=hosts,
         host_of_slot=host_of_slot,
@@ -57,6 +62,11 @@ def job_shape(topo: Topology) -> JobShape:
         comm_size=np.array([len(c.ranks) for c in comms], dtype=np.int64),
         comm_hosts=tuple(comm_hosts),
         comm_edges=tuple(comm_edges),
+        ch_comm=ch_arr[:, 0],
+        ch_host=ch_arr[:, 1],
+        ce_comm=ce_arr[:, 0],
+        ce_edge=ce_arr[:, 1],
+        edges=np.array(sorted(edge_id, key=edge_id.__getitem__), dtype=np.int64).reshape(-1, 2),
     )
 
 

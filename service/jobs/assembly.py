@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from detectors.busbw import bus_factor
 from detectors.types import KIND_INDEX, P2P
 from service.ingest.validate import RecordError
 from service.ingest.wire import P2P_OPS, CollectiveRecord
@@ -38,18 +39,41 @@ class Pending:
 
 
 @dataclass(frozen=True, slots=True)
-class Completed:
-    """A collective whose members all finished: member slots and times on each member's clock."""
+class ReadyBatch:
+    """Completed collectives with the same member count, as columns (rows in completion order).
 
-    comm: str
-    seq: int
-    comm_index: int
-    kind: int
-    op: str
-    nbytes: int
-    slots: np.ndarray
-    starts: list[int]  # per member, comm order (lists: arrays are built per batch, not per call)
-    ends: list[int]
+    Columns, not objects: detection then works on whole arrays (see bench/detection_scale.py).
+    """
+
+    size: int
+    comm: np.ndarray  # (k,) comm index
+    kind: np.ndarray  # (k,) kind column (P2P for send/recv)
+    ebytes: np.ndarray  # (k,) message bytes x bus factor
+    starts: np.ndarray  # (k, size) member start_ns, in comm order, on each member's clock
+    ends: np.ndarray  # (k, size)
+
+    def __len__(self) -> int:
+        return int(self.comm.size)
+
+
+@dataclass(slots=True)
+class _ReadyBuffer:
+    comm: list[int] = field(default_factory=list)
+    kind: list[int] = field(default_factory=list)
+    ebytes: list[float] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)  # flat, size per row
+    ends: list[int] = field(default_factory=list)
+
+    def batch(self, size: int) -> ReadyBatch:
+        k = len(self.comm)
+        return ReadyBatch(
+            size,
+            np.array(self.comm, dtype=np.int64),
+            np.array(self.kind, dtype=np.int64),
+            np.array(self.ebytes, dtype=np.float64),
+            np.array(self.starts, dtype=np.int64).reshape(k, size),
+            np.array(self.ends, dtype=np.int64).reshape(k, size),
+        )
 
 
 def _member_key(op: str, nbytes: int, start: int, end: int | None, peer: int | None) -> int:
@@ -67,7 +91,7 @@ class Assembler:
         # per completed collective: per member (hash with end, hash with end=None)
         self.done: OrderedDict[tuple[str, int], tuple[int, ...]] = OrderedDict()
         self.retired_seq: dict[str, int] = {}
-        self.ready: list[Completed] = []
+        self._ready: dict[int, _ReadyBuffer] = {}
         self.expired = 0  # incomplete collectives dropped by retention or the cap
         self.assumed_duplicates = 0
 
@@ -145,20 +169,15 @@ class Assembler:
         if len(self.done) > self.max_done:
             old_key, _ = self.done.popitem(last=False)
             self._retire(old_key)
-        collective_op = "send" if entry.kind == P2P else op
-        self.ready.append(
-            Completed(
-                comm=key[0],
-                seq=key[1],
-                comm_index=comm.index,
-                kind=entry.kind,
-                op=collective_op,
-                nbytes=entry.nbytes,
-                slots=comm.slots,
-                starts=entry.starts,  # type: ignore[arg-type]  # complete: no None left
-                ends=entry.ends,  # type: ignore[arg-type]
-            )
-        )
+        n = len(comm.ranks)
+        buf = self._ready.get(n)
+        if buf is None:
+            buf = self._ready[n] = _ReadyBuffer()
+        buf.comm.append(comm.index)
+        buf.kind.append(entry.kind)
+        buf.ebytes.append(entry.nbytes * bus_factor("send" if entry.kind == P2P else op, n))
+        buf.starts.extend(entry.starts)  # type: ignore[arg-type]  # complete: no None left
+        buf.ends.extend(entry.ends)  # type: ignore[arg-type]
 
     def _retire(self, key: tuple[str, int]) -> None:
         comm, seq = key
@@ -185,9 +204,14 @@ class Assembler:
         self.expired += count
         return count
 
-    def take_ready(self) -> list[Completed]:
-        ready, self.ready = self.ready, []
-        return ready
+    def take_ready(self) -> list[ReadyBatch]:
+        """Collectives completed since the last call, one batch per member count."""
+        ready, self._ready = self._ready, {}
+        return [buf.batch(size) for size, buf in ready.items()]
+
+    @property
+    def ready_count(self) -> int:
+        return sum(len(b.comm) for b in self._ready.values())
 
     def inflight(self) -> list[tuple[str, int, Pending]]:
         """Collectives with at least one member inside the call (reported without end_ns)."""

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from detectors.busbw import bus_factor
 from detectors.lateness import collective_lateness
 from detectors.types import KINDS, Frame
 from service.ingest.validate import RecordError
 from service.ingest.wire import StepRecord
-from service.jobs.assembly import Completed, Outcome
+from service.jobs.assembly import Outcome, ReadyBatch
+from service.jobs.topology import Topology
 
 NK = len(KINDS)
 NS = 1e-9
@@ -186,42 +186,34 @@ class FrameBuilder:
         acc.end_ns = max(acc.end_ns, rec.end_ns)
         return Outcome.NEW
 
-    def add_collectives(self, completed: list[Completed], n_comms: int = 0) -> None:
-        """Compute lateness for a batch of completed collectives (grouped by size) and queue it."""
-        self.n_comms = max(
-            self.n_comms, n_comms, max((c.comm_index + 1 for c in completed), default=0)
-        )
-        by_size: dict[int, list[Completed]] = {}
-        for c in completed:
-            by_size.setdefault(c.slots.size, []).append(c)
-        for size, group in by_size.items():
-            if size < 1:
+    def add_collectives(self, batches: list[ReadyBatch], topology: Topology) -> None:
+        """Compute lateness for batches of completed collectives (one per member count), queue it."""
+        self.n_comms = max(self.n_comms, len(topology.comm_list))
+        for b in batches:
+            if len(b) == 0:
                 continue
-            slots = np.stack([c.slots for c in group])
-            starts = np.array([c.starts for c in group], dtype=np.int64)
-            ends = np.array([c.ends for c in group], dtype=np.int64)
-            kinds = np.repeat(np.array([c.kind for c in group], dtype=np.int64)[:, None], size, 1)
-            dur = (ends - starts) * NS
-            self.last_progress_ns = max(self.last_progress_ns, int(ends.max()))
+            slots = topology.member_slots(b.size, b.comm)
+            dur = (b.ends - b.starts) * NS
+            self.last_progress_ns = max(self.last_progress_ns, int(b.ends.max()))
             late, wait = collective_lateness(dur)
             self.queue.append(
                 slot=slots.ravel(),
-                start=starts.ravel(),
+                start=b.starts.ravel(),
                 dur=dur.ravel(),
                 late=late.ravel(),
                 wait=wait.ravel(),
-                kind=kinds.ravel(),
+                kind=np.repeat(b.kind, b.size),
             )
             # Per collective: the last arriver's duration is (about) the pure transfer time.
             self.cqueue.append(
                 slot=slots[:, 0],
-                start=starts[:, 0],
-                comm=np.array([c.comm_index for c in group], dtype=np.int64),
+                start=b.starts[:, 0],
+                comm=b.comm,
                 transfer=dur.min(axis=1),
-                ebytes=np.array([c.nbytes * bus_factor(c.op, size) for c in group]),
+                ebytes=b.ebytes,
             )
             if self.first_record_ns is None:
-                self.first_record_ns = int(starts.min())
+                self.first_record_ns = int(b.starts.min())
 
     # -- attribution ---------------------------------------------------------------------------
     def attribute(self, n_slots: int) -> None:
@@ -234,10 +226,12 @@ class FrameBuilder:
             if taken is None:
                 continue
             frame_ids, found, waiting = self._match(taken["slot"], taken["start"], n_slots)
-            self.dropped_contributions += (
-                int((~found & ~waiting).sum()) if queue is self.queue else 0
-            )
-            if found.any():
+            n_found = int(found.sum())
+            if queue is self.queue:
+                self.dropped_contributions += found.size - n_found - int(waiting.sum())
+            if n_found == found.size:  # the usual case: no copies
+                accumulate(frame_ids, taken, n_slots)
+            elif n_found:
                 accumulate(frame_ids[found], {k: v[found] for k, v in taken.items()}, n_slots)
             if waiting.any():
                 self._requeue(queue, {k: v[waiting] for k, v in taken.items()})
@@ -288,18 +282,24 @@ class FrameBuilder:
         return acc
 
     def _accumulate(self, frame_ids: np.ndarray, c: dict[str, np.ndarray], n_slots: int) -> None:
-        for fid in np.unique(frame_ids):
-            sel = frame_ids == fid
+        ids = np.unique(frame_ids)
+        for fid in ids:
             acc = self._frame(int(fid), n_slots)
+            sel = None if ids.size == 1 else frame_ids == fid
             if acc is None:
-                self.dropped_contributions += int(sel.sum())
+                self.dropped_contributions += frame_ids.size if sel is None else int(sel.sum())
                 continue
-            s, k = c["slot"][sel], c["kind"][sel]
-            np.add.at(acc.comm, s, c["dur"][sel])
-            np.add.at(acc.wait, s, c["wait"][sel])
-            np.add.at(acc.late, (s, k), c["late"][sel])
-            np.add.at(acc.calls, (s, k), 1.0)
-            acc.collectives += int(sel.sum())
+            s, k, dur, wait, late = (
+                (c[name] if sel is None else c[name][sel])
+                for name in ("slot", "kind", "dur", "wait", "late")
+            )
+            n = acc.comm.size
+            acc.comm += np.bincount(s, weights=dur, minlength=n)[:n]
+            acc.wait += np.bincount(s, weights=wait, minlength=n)[:n]
+            flat = s * NK + k
+            acc.late += np.bincount(flat, weights=late, minlength=n * NK)[: n * NK].reshape(n, NK)
+            acc.calls += np.bincount(flat, minlength=n * NK)[: n * NK].reshape(n, NK)
+            acc.collectives += s.size
 
     def _accumulate_comm(
         self, frame_ids: np.ndarray, c: dict[str, np.ndarray], n_slots: int
@@ -310,9 +310,10 @@ class FrameBuilder:
             if acc is None:
                 continue
             m = c["comm"][sel]
-            np.add.at(acc.c_transfer, m, c["transfer"][sel])
-            np.add.at(acc.c_bytes, m, c["ebytes"][sel])
-            np.add.at(acc.c_calls, m, 1.0)
+            n = acc.c_calls.size
+            acc.c_transfer += np.bincount(m, weights=c["transfer"][sel], minlength=n)[:n]
+            acc.c_bytes += np.bincount(m, weights=c["ebytes"][sel], minlength=n)[:n]
+            acc.c_calls += np.bincount(m, minlength=n)[:n]
 
     # -- closing -------------------------------------------------------------------------------
     def advance(

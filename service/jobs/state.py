@@ -138,7 +138,7 @@ class JobState:
             self._count(result, outcome, "collective")
         # Hand completed collectives to the frames now, before step records that may recycle
         # the step intervals they need.
-        self.frames.add_collectives(self.assembler.take_ready(), len(topo.comm_list))
+        self.drain_ready()
         for i, raw in enumerate(env.steps):
             try:
                 step = parse_step(raw)
@@ -149,7 +149,7 @@ class JobState:
                 continue
             self._count(result, outcome, "step")
 
-        self.frames.add_collectives(self.assembler.take_ready(), len(topo.comm_list))
+        self.drain_ready()
         self.frames.attribute(topo.n_slots)
         delta = self._delta(env)
         delta.accepted += result.accepted
@@ -183,6 +183,10 @@ class JobState:
         else:
             result.accepted += 1
             result.kinds[kind] = result.kinds.get(kind, 0) + 1
+
+    def drain_ready(self) -> None:
+        """Hand completed collectives to the frame builder (lateness is computed there)."""
+        self.frames.add_collectives(self.assembler.take_ready(), self.topology)
 
     # -- views ---------------------------------------------------------------------------------
     def host_stale(self, host: str, now_wall: float) -> bool:

@@ -47,6 +47,8 @@ class Topology:
         self.hosts: dict[str, HostInfo] = {}
         self.comms: dict[str, CommInfo] = {}
         self.comm_list: list[CommInfo] = []  # by index
+        self._slot_tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._slot_tables_version = -1
         self.world_size: int | None = None
         self.version = 0  # bumped on every change; detectors cache derived groups by it
         self.dirty_ranks: set[int] = set()
@@ -145,6 +147,21 @@ class Topology:
         self.version += 1
 
     # -- views -------------------------------------------------------------------------------
+    def member_slots(self, size: int, comm_index: np.ndarray) -> np.ndarray:
+        """(k, size) member slots of the comms ``comm_index`` (all of member count ``size``)."""
+        if self._slot_tables_version != len(self.comm_list):
+            self._slot_tables.clear()
+            self._slot_tables_version = len(self.comm_list)
+        table = self._slot_tables.get(size)
+        if table is None:
+            rows = [c for c in self.comm_list if len(c.ranks) == size]
+            row_of = np.full(len(self.comm_list), -1, dtype=np.int64)
+            row_of[[c.index for c in rows]] = np.arange(len(rows))
+            matrix = np.stack([c.slots for c in rows]) if rows else np.zeros((0, size), np.int64)
+            table = self._slot_tables[size] = (matrix, row_of)
+        matrix, row_of = table
+        return matrix[row_of[comm_index]]
+
     def rank_hosts(self) -> list[str | None]:
         return [self.ranks[r].host for r in self.slot_rank]
 

@@ -7,6 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
+from detectors.types import P2P
 from service.ingest.validate import CommAnnouncement, RecordError, parse_collective
 from service.jobs.assembly import Assembler, Outcome
 from service.jobs.topology import Topology
@@ -32,11 +33,12 @@ def test_any_arrival_order_completes_exactly_once(order: tuple[int, ...]) -> Non
     starts = [T0, T0 + MS, T0 + 2 * MS, T0 + 30 * MS]
     for i, member in enumerate(order):
         assert offer(a, topo, coll(member, 7, starts[member], T0 + 31 * MS)) is Outcome.NEW
-        assert len(a.ready) == (1 if i == 3 else 0)
-    done = a.take_ready()[0]
-    assert (done.comm, done.seq, done.op) == ("dp-0", 7, "allreduce")
-    assert done.starts == starts  # in comm order, whatever the arrival order
-    assert done.slots.tolist() == [0, 1, 2, 3]
+        assert a.ready_count == (1 if i == 3 else 0)
+    (done,) = a.take_ready()
+    assert (done.size, done.comm.tolist()) == (4, [topo.comms["dp-0"].index])
+    assert done.starts.tolist() == [starts]  # in comm order, whatever the arrival order
+    assert done.ebytes.tolist() == [1024 * 2 * 3 / 4]  # allreduce bus factor 2(n-1)/n
+    assert topo.member_slots(4, done.comm).tolist() == [[0, 1, 2, 3]]
     assert not a.pending
 
 
@@ -56,16 +58,17 @@ def test_inflight_then_completed() -> None:
     a, topo = make(n=2)
     assert offer(a, topo, coll(0, 0, T0, None)) is Outcome.NEW
     assert offer(a, topo, coll(1, 0, T0, T0 + MS)) is Outcome.NEW
-    assert len(a.inflight()) == 1 and not a.ready
+    assert len(a.inflight()) == 1 and a.ready_count == 0
     assert offer(a, topo, coll(0, 0, T0, T0 + MS)) is Outcome.COMPLETED
-    assert len(a.ready) == 1 and not a.inflight()
+    assert a.ready_count == 1 and not a.inflight()
 
 
 def test_send_recv_pair_assembles_with_peers() -> None:
     a, topo = make()
     offer(a, topo, coll(1, 0, T0, T0 + MS, comm="p2p-0", op="irecv", peer=0))
     offer(a, topo, coll(0, 0, T0, T0 + MS, comm="p2p-0", op="isend", peer=1))
-    assert a.take_ready()[0].op == "send"
+    (batch,) = a.take_ready()
+    assert batch.kind.tolist() == [P2P] and batch.ebytes.tolist() == [1024.0]
     with pytest.raises(RecordError, match="peer 3"):
         offer(a, topo, coll(0, 1, T0, T0 + MS, comm="p2p-0", op="send", peer=3))
 
@@ -94,4 +97,4 @@ def test_done_memory_is_bounded() -> None:
         offer(a, topo, coll(0, seq, T0 + seq, T0 + seq + 1))
     assert len(a.done) == 3
     assert a.retired_seq["dp-0"] == 6
-    np.testing.assert_array_equal([c.seq for c in a.take_ready()], np.arange(10))
+    assert a.take_ready()[0].starts[:, 0].tolist() == [T0 + seq for seq in range(10)]

@@ -16,7 +16,7 @@ def apply(state: JobState, env: dict) -> None:  # type: ignore[type-arg]
 
 
 def close(state: JobState, *, flush: bool = False):  # type: ignore[no-untyped-def]
-    state.frames.add_collectives(state.assembler.take_ready(), len(state.topology.comm_list))
+    state.drain_ready()
     return state.frames.advance(
         state.watermark_ns, state.topology.n_slots, flush=flush, world=state.topology.world_size
     )

@@ -1,0 +1,183 @@
+"""Detection CPU time per training step for 1K, 10K and 100K ranks (synthetic, in-process, one core).
+
+A job of TP=8 x PP=4 x DP=N/32 ranks, 8 GPUs per host. Each step has, per tensor-parallel group,
+16 all-reduces; per pipeline pair, 8 send/recv; per data-parallel group, one all-reduce; one slow
+GPU. What is timed is exactly what a detection pass does after ingest: lateness of every completed
+collective, attribution to frames, closing the frame, and every detector (peer lateness, node,
+link, job), per step. Building the records (ingest's job) is not timed. Also reported: memory held
+per rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import save  # noqa: E402
+from detectors.pipeline import JobPipeline  # noqa: E402
+from detectors.types import KIND_INDEX, P2P  # noqa: E402
+from service.detection.shape import job_shape  # noqa: E402
+from service.ingest.validate import CommAnnouncement, RankAnnouncement  # noqa: E402
+from service.ingest.wire import StepRecord  # noqa: E402
+from service.jobs.assembly import ReadyBatch  # noqa: E402
+from service.jobs.state import JobState  # noqa: E402
+from service.settings import StateSettings  # noqa: E402
+
+TP, PP, GPUS = 8, 4, 8
+NS = 1_000_000_000
+
+
+def build(n: int) -> tuple[JobState, dict[str, list[int]]]:
+    dp = n // (TP * PP)
+    state = JobState("scale", StateSettings(max_ranks=n + 1, max_comms=10 * n, max_open_frames=8))
+    topo = state.topology
+    for h in range(n // GPUS):
+        topo.touch_host(f"h{h:05d}", 0, 0.0)
+    for r in range(n):
+        topo.announce_rank(f"h{r // GPUS:05d}", RankAnnouncement(r, r % GPUS, n))
+    groups: dict[str, list[int]] = {}
+    for p in range(PP):
+        for d in range(dp):
+            groups[f"tp-{p}-{d}"] = [t + TP * (d + dp * p) for t in range(TP)]
+        for t in range(TP):
+            groups[f"dp-{p}-{t}"] = [t + TP * (d + dp * p) for d in range(dp)]
+    for p in range(PP - 1):
+        for d in range(dp):
+            for t in range(TP):
+                groups[f"pp-{p}-{d}-{t}"] = [t + TP * (d + dp * p), t + TP * (d + dp * (p + 1))]
+    for name, ranks in groups.items():
+        kind = name.split("-")[0]
+        topo.announce_comm(CommAnnouncement(name, kind, tuple(ranks)))
+    return state, groups
+
+
+def one_step(
+    state: JobState, groups: dict[str, list[int]], step: int, rng: np.random.Generator, slow: int
+) -> list[ReadyBatch]:
+    """Completed collectives of one step (1 s), as the assembler hands them over (columns)."""
+    topo = state.topology
+    t0 = step * NS
+    by_size: dict[int, list[tuple[int, int, np.ndarray, int]]] = {}
+    for name, ranks in groups.items():
+        comm = topo.comms[name]
+        kind = name.split("-")[0]
+        calls = 16 if kind == "tp" else (8 if kind == "pp" else 1)
+        n = len(ranks)
+        for k in range(calls):
+            base = t0 + int((k + 1) * NS * 0.9 / (calls + 1))
+            arrive = base + rng.integers(0, 200_000, n)
+            if slow in comm.position and kind != "pp":
+                # the slow GPU arrives 10 ms late at each TP all-reduce, and at the step's
+                # data-parallel all-reduce with all of it (16 x 10 ms)
+                arrive[comm.position[slow]] += 10_000_000 if kind == "tp" else 160_000_000
+            end = int(arrive.max()) + 100_000
+            by_size.setdefault(n, []).append(
+                (comm.index, P2P if kind == "pp" else KIND_INDEX[kind], arrive, end)
+            )
+    batches = []
+    for n, rows in by_size.items():
+        starts = np.stack([a for _, _, a, _ in rows])
+        ends = np.repeat(np.array([e for *_, e in rows], dtype=np.int64)[:, None], n, axis=1)
+        batches.append(
+            ReadyBatch(
+                n,
+                np.array([c for c, *_ in rows]),
+                np.array([k for _, k, _, _ in rows]),
+                np.full(len(rows), float(1 << 24)),
+                starts,
+                ends,
+            )
+        )
+    return batches
+
+
+def add_steps(state: JobState, step: int) -> None:
+    topo = state.topology
+    for r, info in topo.ranks.items():
+        state.frames.add_step(
+            info.slot, StepRecord(r, step, step * NS, (step + 1) * NS - 1), topo.n_slots
+        )
+
+
+def measure(n: int, steps: int) -> dict[str, float]:
+    rng = np.random.default_rng(0)
+    state, groups = build(n)
+    shape = job_shape(state.topology)
+    pipe = JobPipeline()
+    slow = n // 3
+    frames_s, detect_s = [], []
+    for step in range(steps):
+        completed = one_step(state, groups, step, rng, slow)  # ingest's work, not timed
+        add_steps(state, step)  # ingest's work, not timed
+        gc.collect()
+        t = time.process_time()
+        state.frames.add_collectives(completed, state.topology)
+        closed = state.frames.advance((step + 1) * NS + 1, state.topology.n_slots, world=n)
+        t1 = time.process_time()
+        for frame in closed:
+            pipe.process(frame, shape)
+        t2 = time.process_time()
+        frames_s.append(t1 - t)
+        detect_s.append(t2 - t1)
+    tail = slice(max(6, steps // 2), None)  # after warm-up
+    found = [k for k in pipe.opened if k[0] == "slow_gpu"]
+    return {
+        "ranks": n,
+        "collectives_per_step": sum(len(b) for b in completed),
+        "records_per_step": sum(len(b) * b.size for b in completed),
+        "frames_ms_per_step": round(1e3 * statistics.median(frames_s[tail]), 1),
+        "detectors_ms_per_step": round(1e3 * statistics.median(detect_s[tail]), 1),
+        "total_ms_per_step": round(
+            1e3
+            * statistics.median(
+                [a + b for a, b in zip(frames_s[tail], detect_s[tail], strict=True)]
+            ),
+            1,
+        ),
+        "found_the_slow_gpu": found == [("slow_gpu", f"slot:{state.topology.ranks[slow].slot}")],
+    }
+
+
+def memory_per_rank(n: int) -> float:
+    tracemalloc.start()
+    state, groups = build(n)
+    before = tracemalloc.get_traced_memory()[0]
+    pipe = JobPipeline()
+    shape = job_shape(state.topology)
+    rng = np.random.default_rng(1)
+    for step in range(8):
+        state.frames.add_collectives(one_step(state, groups, step, rng, -1), state.topology)
+        add_steps(state, step)
+        for frame in state.frames.advance((step + 1) * NS + 1, n, world=n):
+            pipe.process(frame, shape)
+    used = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    return round(used / n, 1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--sizes", default="1024,10240,102400")
+    ap.add_argument("--steps", type=int, default=14)
+    args = ap.parse_args()
+    results = []
+    for n in (int(x) for x in args.sizes.split(",")):
+        print(f"{n} ranks...", file=sys.stderr, flush=True)
+        r = measure(n, args.steps)
+        r["detector_state_bytes_per_rank"] = memory_per_rank(min(n, 10240))
+        results.append(r)
+        print(r, file=sys.stderr, flush=True)
+    save("detection_scale", {"layout": f"TP={TP} x PP={PP} x DP=N/{TP * PP}", "results": results})
+
+
+if __name__ == "__main__":
+    main()
