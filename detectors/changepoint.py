@@ -117,9 +117,11 @@ class BOCPD:
         return self.run[np.arange(self.n), np.argmax(self.log_r, axis=1)]
 
     def recent_change_probability(self, within: int) -> np.ndarray:
-        """P(a change happened within the last ``within`` samples) per series."""
+        """P(a change happened within the last ``within`` samples) per series. The run that
+        started with the series itself is not a change, however young it is."""
         p = np.exp(self.log_r)
-        return np.where(self.run <= within, p, 0.0).sum(axis=1)
+        since_start = self.run >= (self.count[:, None] - 1)
+        return np.where((self.run <= within) & ~since_start, p, 0.0).sum(axis=1)
 
 
 def _rss_line(y: np.ndarray) -> float:
@@ -230,7 +232,12 @@ class OnlineChangeDetector:
     def alarm(self) -> bool:
         """BOCPD believes a change happened within the last ``alarm_within`` samples."""
         p = float(self.bocpd.recent_change_probability(self.alarm_within)[0])
-        return p >= self.alarm_probability and int(self.bocpd.map_run()[0]) <= self.alarm_within
+        run = int(self.bocpd.map_run()[0])
+        return (
+            p >= self.alarm_probability
+            and run <= self.alarm_within
+            and run < self.bocpd.count[0] - 1
+        )
 
     def update(self, value: float) -> list[ChangePoint]:
         """Observe one sample; returns change points confirmed (or re-dated) by it."""

@@ -69,6 +69,10 @@ def date_onset(
         rising = np.nanmean(after) > np.nanmean(before)
         pos = int(idx[cp])
         if rising == increase and abs(pos - start) <= max(3, (len(values) - start)):
+            # an onset is an elevated frame: with few frames after the change, min_size can pull
+            # the split onto the last normal one
+            while pos < start and not elevated[pos]:
+                pos += 1
             for _ in range(3):
                 if pos > 0 and elevated[pos - 1]:
                     pos -= 1
