@@ -1,4 +1,4 @@
-"""Detection CPU time per training step for 1K, 10K and 100K ranks (synthetic, in-process, one core).
+"""Detection CPU time per training step for 1K, 10K and 100K ranks (synthetic, in-process).
 
 A job of TP=8 x PP=4 x DP=N/32 ranks, 8 GPUs per host. Each step has, per tensor-parallel group,
 16 all-reduces; per pipeline pair, 8 send/recv; per data-parallel group, one all-reduce; one slow

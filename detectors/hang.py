@@ -70,7 +70,8 @@ class HangDetector:
 
     def timeout_s(self, typical_s: float, step_time_s: float = float("nan")) -> float:
         """How long a collective may take: a multiple of its usual transfer time, at least two
-        step times (a pipeline recv legitimately waits for a stage's compute), at least the floor."""
+        step times (a pipeline recv legitimately waits for a stage's compute), at least the
+        floor."""
         floor = self.floor_s
         if step_time_s == step_time_s:
             floor = max(floor, 2.0 * step_time_s)
@@ -113,7 +114,8 @@ class HangDetector:
             roots = {
                 r for r, s in zip(oldest.members, oldest.started, strict=True) if s is None
             } or set(oldest.members)
-            how = "waiting in a cycle of blocked collectives; blaming the oldest one's missing members"
+            how = "waiting in a cycle of blocked collectives; blaming the oldest one's missing"
+            how += " members"
         onset = min(min(s for s in b.started if s is not None) for b in hung)
         # When could this have been decided? When a collective crossed its timeout, but not
         # before the service had heard of it.

@@ -6,8 +6,9 @@ is the last arriver's duration) of every communicator whose ring crosses it — 
 compute time. This is the idea behind Alibaba C4's communication "syndromes": a host whose every
 cross-host communicator is slow has a slow NIC; a ring edge present in every slow communicator and
 in no healthy one is a slow link between two hosts. Under a single-fault assumption the component
-chosen is the one whose communicators best match the slow ones (F1). When several edges are equally suspect,
-passive data cannot separate them and the finding says so (active probes can, later).
+chosen is the one whose communicators best match the slow ones (F1). When several edges are
+equally suspect, passive data cannot separate them and the finding says so (active probes can,
+later).
 
 Each communicator is compared with two references, and must be slow against both:
 its own fastest sustained bandwidth (the best 10-frame median in recent history, so a fault does

@@ -562,7 +562,8 @@ class JobPipeline:
             )
             subject_slowdown = ratio
             reason = (
-                f"{len(members)} ranks of {info.hosts[0]} compute {ratio:.2f}x their data-parallel peers on other"
+                f"{len(members)} ranks of {info.hosts[0]} compute {ratio:.2f}x their data-parallel"
+                " peers on other"
                 f" hosts, together"
             )
             evidence.update(
@@ -588,10 +589,14 @@ class JobPipeline:
                 else (
                     f"the link between {info.hosts[0]} and {info.hosts[1]}"
                     if len(edges) == 1
-                    else f"one of {len(edges)} ring links among {', '.join(info.hosts)} (passive data cannot tell which)"
+                    else f"one of {len(edges)} ring links among {', '.join(info.hosts)}"
+                    " (passive data cannot tell which)"
                 )
             )
-            reason = f"{len(comms)} communicators crossing {where} move data at {ratio:.0%} of their usual bus bandwidth"
+            reason = (
+                f"{len(comms)} communicators crossing {where} move data at {ratio:.0%} of their"
+                " usual bus bandwidth"
+            )
             evidence.update(
                 {
                     "detector": "slow_link",
@@ -599,12 +604,16 @@ class JobPipeline:
                     "communicators": len(comms),
                     "candidate_edges": edges,
                     "ambiguous": len(edges) > 1,
-                    "method": "bus bandwidth vs own best and same-kind peers; intersection of slow rings",
+                    "method": "bus bandwidth vs own best and same-kind peers; the NIC or cable"
+                    " whose communicators best match the slow ones",
                 }
             )
         else:  # job_slowdown
             subject_slowdown = slowdown
-            reason = f"job step time {job_now:.3f}s is {slowdown:.2f}x its baseline {base:.3f}s and no GPU, node or link is to blame"
+            reason = (
+                f"job step time {job_now:.3f}s is {slowdown:.2f}x its baseline {base:.3f}s and"
+                " no GPU, node or link is to blame"
+            )
             evidence.update(
                 {
                     "detector": "job_slowdown",

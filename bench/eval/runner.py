@@ -311,7 +311,8 @@ def summarise(results: list[Scored]) -> dict[str, Any]:
 
 def table_text(results: list[Scored]) -> str:
     head = (
-        f"{'scenario':38s} {'world':>5s} {'det':>4s} {'loc':>4s} {'delay':>11s} {'FP':>3s} {'res':>4s} "
+        f"{'scenario':38s} {'world':>5s} {'det':>4s} {'loc':>4s} {'delay':>11s} "
+        f"{'FP':>3s} {'res':>4s} "
         f"{'bound':>6s} | {'prom':>5s} {'nvidia':>6s} {'falcon':>6s}"
     )
     lines = [head, "-" * len(head)]
@@ -338,8 +339,10 @@ def table_text(results: list[Scored]) -> str:
             return f"{x['delay_steps']}{'L' if x.get('localized') else ''}"
 
         lines.append(
-            f"{r.name:38s} {r.world:5d} {('yes' if r.detected else 'no'):>4s} {('yes' if r.localized else 'no'):>4s} "
-            f"{delay:>11s} {r.false_incidents:3d} {res:>4s} {('-' if r.bound_steps is None else f'{r.bound_steps:.2f}'):>6s} | "
+            f"{r.name:38s} {r.world:5d} {('yes' if r.detected else 'no'):>4s} "
+            f"{('yes' if r.localized else 'no'):>4s} "
+            f"{delay:>11s} {r.false_incidents:3d} {res:>4s} "
+            f"{('-' if r.bound_steps is None else f'{r.bound_steps:.2f}'):>6s} | "
             f"{b('prometheus_rule'):>5s} {b('nvidia_straggler'):>6s} {b('falcon_trigger'):>6s}"
         )
     return "\n".join(lines)
@@ -381,8 +384,10 @@ def main(argv: list[str] | None = None) -> int:
             results.append(scored)
             tables[case.name] = (table, labels)
             print(
-                f"[{n:3d}/{len(todo)}] {case.name:40s} detected={scored.detected!s:5s} localized={scored.localized!s:5s} "
-                f"delay={scored.delay_steps} steps/{scored.delay_s} s false={scored.false_incidents} "
+                f"[{n:3d}/{len(todo)}] {case.name:40s} detected={scored.detected!s:5s} "
+                f"localized={scored.localized!s:5s} "
+                f"delay={scored.delay_steps} steps/{scored.delay_s} s "
+                f"false={scored.false_incidents} "
                 f"({scored.seconds:.0f}s, total {time.monotonic() - started:.0f}s)",
                 file=sys.stderr,
                 flush=True,
@@ -413,7 +418,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\nOSDI'25 traces:")
         for o in osdi_results:
             print(
-                f"  {o['trace']}: {'PASS' if o['pass'] else 'FAIL'} incidents={o['incidents']} missing={o['missing']} "
+                f"  {o['trace']}: {'PASS' if o['pass'] else 'FAIL'} incidents={o['incidents']} "
+                f"missing={o['missing']} "
                 f"unexpected={o['unexpected']}"
             )
     if tcpd_result:

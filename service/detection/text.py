@@ -32,10 +32,12 @@ def summary_for(
 ) -> str:
     if f.kind == "slow_gpu":
         who = _who(ranks[0], info) if ranks else "a rank"
-        text = f"{who[0].upper()}{who[1:]} is {_pct(f.subject_slowdown)} than its peers {_since(f)}{_job(f)}."
+        lead = f"{who[0].upper()}{who[1:]} is {_pct(f.subject_slowdown)} than its peers"
+        text = f"{lead} {_since(f)}{_job(f)}."
     elif f.kind == "slow_node":
         text = (
-            f"{hosts[0]} is slow: its {len(ranks)} GPUs compute {_pct(f.subject_slowdown)} than the same ranks "
+            f"{hosts[0]} is slow: its {len(ranks)} GPUs compute {_pct(f.subject_slowdown)} "
+            "than the same ranks "
             f"on other hosts {_since(f)}{_job(f)}."
         )
     elif f.kind == "slow_link":
@@ -45,7 +47,10 @@ def summary_for(
         elif len(edges) == 1:
             where = f"The link between {hosts[0]} and {hosts[1]} is slow"
         else:
-            where = f"One of {len(edges)} ring links among {', '.join(hosts)} is slow (passive data cannot tell which)"
+            where = (
+                f"One of {len(edges)} ring links among {', '.join(hosts)} is slow"
+                " (passive data cannot tell which)"
+            )
         factor = f"{f.subject_slowdown:.1f}x" if f.subject_slowdown else "several times"
         text = f"{where}: communicators crossing it move data {factor} slower {_since(f)}{_job(f)}."
     elif f.kind == "hang":
@@ -57,5 +62,8 @@ def summary_for(
         else:
             text = f"Job hung {_since(f)}: no collective completes; the root could not be named."
     else:
-        text = f"The whole job is {_pct(f.subject_slowdown)} {_since(f)} with no GPU, node or link to blame{_job(f)}."
+        text = (
+            f"The whole job is {_pct(f.subject_slowdown)} {_since(f)} with no GPU, node or"
+            f" link to blame{_job(f)}."
+        )
     return text

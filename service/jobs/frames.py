@@ -187,7 +187,8 @@ class FrameBuilder:
         return Outcome.NEW
 
     def add_collectives(self, batches: list[ReadyBatch], topology: Topology) -> None:
-        """Compute lateness for batches of completed collectives (one per member count), queue it."""
+        """Compute lateness for batches of completed collectives (one per member count) and
+        queue it."""
         self.n_comms = max(self.n_comms, len(topology.comm_list))
         for b in batches:
             if len(b) == 0:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from detectors.registry import PEER, SERIES
 from detectors.types import KIND_INDEX, KINDS, Frame, JobShape, PeerGroups
 
-# -- series detectors --------------------------------------------------------------------------------
+# -- series detectors -----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", sorted(SERIES))

@@ -1,4 +1,4 @@
-"""Every incident kind through the real app: engine, hang snapshots, persistence, REST, summaries."""
+"""Every incident kind through the real app: engine, hang snapshots, persistence, REST."""
 
 from __future__ import annotations
 
