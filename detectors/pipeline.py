@@ -20,8 +20,10 @@ import numpy as np
 from detectors.changepoint import OnlineChangeDetector
 from detectors.findings import Finding, date_onset, rounded
 from detectors.hang import HangDetector, HangFinding, HangSnapshot
+from detectors.hosts import host_outlier_scores
 from detectors.lifecycle import ConditionTracker, KeyedTracker, run_start
 from detectors.link import LinkDetector, LinkScores
+from detectors.robust import group_median
 from detectors.straggler import (
     FrameScores,
     NodeScores,
@@ -516,6 +518,36 @@ class JobPipeline:
             has_steps=self.has_steps,
         )
 
+    def _host_outliers(self, hosts: tuple[str, ...]) -> dict[str, Any]:
+        """Robust (MCD) outlier distance of the incident's hosts among all hosts, last frame."""
+        shape, s, links = self.shape, self.last_scores, self.last_links
+        if shape is None or s is None or links is None or not hosts:
+            return {}
+        n = min(s.compute.size, shape.host_of_slot.size)
+        host = shape.host_of_slot[:n]
+        p = (self.count - 1) % self.h
+        cross = self.cross[:n, p].astype(np.float64)
+        late = s.late_fraction[:n]
+        feats = np.column_stack(
+            [
+                group_median(cross, host, shape.n_hosts),
+                group_median(late, host, shape.n_hosts),
+                np.nan_to_num(links.host_slow_fraction[: shape.n_hosts], nan=0.0),
+            ]
+        )
+        dist, pval = host_outlier_scores(feats)
+        out = {}
+        for h in hosts:
+            if h in shape.hosts:
+                i = shape.hosts.index(h)
+                out[h] = {"distance": rounded(dist[i], 2), "p_value": rounded(pval[i], 6)}
+        rank = np.argsort(-np.nan_to_num(dist, nan=-1.0))[:3]
+        return {
+            "hosts": out,
+            "most_unusual": [shape.hosts[i] for i in rank if np.isfinite(dist[i])],
+            "method": "robust Mahalanobis distance (MinCovDet) over per-host features",
+        }
+
     # -- findings ------------------------------------------------------------------------------
     def _open(
         self, kind: str, start: int, ring_len: int, frame: Frame, *, slots: tuple[int, ...] = ()
@@ -620,6 +652,8 @@ class JobPipeline:
                     "method": "BOCPD + ruptures change point on job step time",
                 }
             )
+        if status == "opened" and info.kind in ("slow_node", "slow_link"):
+            evidence["host_outliers"] = self._host_outliers(info.hosts)
         if status == "resolved":
             reason = f"condition absent for {self.tracker.resolve_after}+ frames; " + reason
         evidence["reason"] = reason

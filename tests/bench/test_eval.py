@@ -1,0 +1,92 @@
+"""The evaluation harness's own pieces: metrics, real-trace conversion, baselines, bound."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench.eval import baselines
+from bench.eval.tcpd_metrics import cover, f1
+
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "datasets"
+needs_shared = pytest.mark.skipif(not SHARED.exists(), reason=f"{SHARED} not present")
+
+
+@needs_shared
+def test_tcpd_metrics_reproduce_every_published_default_score() -> None:
+    root = SHARED / "tcpd"
+    locs = json.loads((root / "published" / "default_experiment_cplocations.json").read_text())
+    pf1 = json.loads((root / "published" / "scores" / "default_f1_scores.json").read_text())
+    pcv = json.loads((root / "published" / "scores" / "default_cover_scores.json").read_text())
+    ann = json.loads((root / "annotations.json").read_text())
+    checked = 0
+    for series, methods in locs.items():
+        path = root / "datasets" / f"{series}.json"
+        if series not in ann or not path.exists():
+            continue
+        n = json.loads(path.read_text())["n_obs"]
+        for method, run in methods.items():
+            if run["cplocations_raw"] is None or pf1[series].get(method) is None:
+                continue
+            assert f1(ann[series], run["cplocations_raw"], n) == pytest.approx(
+                pf1[series][method], abs=1e-12
+            )
+            assert cover(ann[series], run["cplocations_raw"], n) == pytest.approx(
+                pcv[series][method], abs=1e-12
+            )
+            checked += 1
+    assert checked == 431
+
+
+@needs_shared
+@pytest.mark.parametrize("trace", ["AR", "ST", "SE"])
+def test_osdi_traces_through_the_pipeline(trace: str) -> None:
+    pytest.importorskip("pyarrow")
+    from bench.eval.osdi import judge, to_envelopes
+    from detectors.pipeline import JobPipeline
+    from service.detection.shape import job_shape
+    from service.ingest.validate import parse_envelope
+    from service.jobs.state import JobState
+    from service.settings import DetectionSettings, StateSettings
+
+    d = DetectionSettings()
+    state = JobState(trace, StateSettings())
+    pipe = JobPipeline(late_fraction=d.late_fraction, compute_ratio=d.compute_ratio)
+    opened = []
+    for env in to_envelopes(SHARED / "stragglers-osdi25", trace):
+        assert not state.apply(parse_envelope(env)).rejected
+        state.drain_ready()
+        for fr in state.frames.advance(
+            state.watermark_ns, state.topology.n_slots, world=state.topology.world_size
+        ):
+            for f in pipe.process(fr, job_shape(state.topology)):
+                if f.status == "opened":
+                    opened.append(
+                        {"kind": f.kind, "ranks": [state.topology.slot_rank[s] for s in f.slots]}
+                    )
+    assert judge(trace, opened)["pass"], opened
+
+
+def test_baselines_on_a_step_series() -> None:
+    steps = np.arange(100)
+    times = np.r_[np.full(50, 1.0), np.full(50, 1.5)]
+    assert baselines.prometheus_rule(steps, times) == [(52, ())]
+    falcon = [s for s, _ in baselines.falcon_trigger(steps, times)]
+    assert 50 <= falcon[0] <= 52 and all(
+        b - a >= 10 for a, b in zip(falcon, falcon[1:], strict=False)
+    )
+    ranks = np.arange(4)
+    compute = np.ones((4, 100))
+    compute[2, 50:] = 2.0
+    alarms = baselines.nvidia_straggler(ranks, steps, compute)
+    assert alarms[0] == (54, (2,))
+
+
+def test_cusum_bound() -> None:
+    # shift of one sigma, ARL 1000: log(1000) / 0.5 samples
+    assert baselines.cusum_delay_bound(1.0, 1.0, 1000) == pytest.approx(2 * math.log(1000))
+    assert math.isnan(baselines.cusum_delay_bound(0.0, 1.0, 1000))
