@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from service.context import AppContext
 from service.incidents.models import Incident
-from service.jobs.views import SLOW_KINDS
+from service.jobs.views import job_state_name
 from service.metrics import JobSample
 
 
@@ -48,14 +48,7 @@ def job_samples(ctx: AppContext) -> Iterator[JobSample]:
             n_hosts = len(state.topology.hosts)
             pending = len(state.assembler.pending)
             inflight = sum(1 for e in state.assembler.pending.values() if e.finished < e.reported)
-        if "hang" in kinds:
-            name = "hung"
-        elif state.is_stale(now):
-            name = "stale"
-        elif kinds & set(SLOW_KINDS):
-            name = "degraded"
-        else:
-            name = "healthy"
+        name = job_state_name(state, kinds)
         series: list[tuple[int, str, float | None, float | None]] = []
         if rt is not None and slot_rank:
             score, late = rt.pipeline.rank_view()
@@ -80,6 +73,5 @@ def job_samples(ctx: AppContext) -> Iterator[JobSample]:
             inflight=inflight,
             pending=pending,
             watermark_s=state.watermark_ns / 1e9,
-            records=state.records_total,
             rank_series=series,
         )

@@ -94,7 +94,6 @@ class JobSample:
     inflight: int
     pending: int
     watermark_s: float
-    records: int
     rank_series: list[tuple[int, str, float | None, float | None]]  # rank, host, score, lateness
 
 

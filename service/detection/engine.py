@@ -53,7 +53,6 @@ class _Snapshot:
 
     slot_rank: list[int]
     info: dict[int, tuple[str | None, int | None]]  # rank -> (host, gpu)
-    host_ranks: dict[str, list[int]]
     now_ns: int
 
 
@@ -146,7 +145,6 @@ class DetectionEngine:
                 snap = _Snapshot(
                     list(topo.slot_rank),
                     {r: (topo.ranks[r].host, topo.ranks[r].gpu) for r in topo.slot_rank},
-                    {h: sorted(i.ranks) for h, i in topo.hosts.items()},
                     state.watermark_ns,
                 )
                 hang_input = self._hang_snapshot(rt, state)

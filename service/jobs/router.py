@@ -38,7 +38,6 @@ def list_jobs(ctx: CtxDep, session: SessionDep) -> list[JobSummary]:
             jobs=ctx.jobs,
             engine=ctx.detection,
             kinds=counts.get(row.id, {}),
-            stale_after_s=ctx.settings.state.stale_after_s,
         )
         for row in jobs_db.list_jobs(session)
     ]
@@ -55,7 +54,6 @@ def get_job(job: JobId, ctx: CtxDep, session: SessionDep) -> JobDetail:
         jobs=ctx.jobs,
         engine=ctx.detection,
         kinds=views.open_counts(session, job=job).get(job, {}),
-        stale_after_s=ctx.settings.state.stale_after_s,
     )
 
 
@@ -109,7 +107,6 @@ async def flush(job: JobId, ctx: CtxDep) -> JobSummary:
                 jobs=ctx.jobs,
                 engine=ctx.detection,
                 kinds=views.open_counts(session, job=job).get(job, {}),
-                stale_after_s=ctx.settings.state.stale_after_s,
             )
 
     return await run_in_threadpool(_run)

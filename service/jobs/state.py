@@ -93,7 +93,6 @@ class JobState:
         self.deltas: dict[str, HostDelta] = {}
         self.persisted = False  # the jobs row exists
         self.new_data = False  # something arrived since the last detection pass
-        self.records_total = 0
 
     # -- ingest --------------------------------------------------------------------------------
     def apply(self, env: Envelope) -> ApplyResult:
@@ -160,7 +159,6 @@ class JobState:
             self.dirty_streams.add(stream)
         if result.accepted:
             self.new_data = True
-            self.records_total += result.accepted
         return result
 
     def _delta(self, env: Envelope) -> HostDelta:

@@ -36,16 +36,14 @@ def open_counts(session: Session, *, job: str | None = None) -> dict[str, dict[s
     return out
 
 
-def job_state_name(
-    state: JobState | None, kinds: dict[str, int], stale_after_s: float, row: Job
-) -> str:
-    # not in memory: nothing received since this process started
-    stale = state.is_stale(time.monotonic()) if state is not None else True
-    if kinds.get("hang"):
+def job_state_name(state: JobState | None, kinds: dict[str, int] | set[str]) -> str:
+    """healthy, degraded (an open slow incident), hung (an open hang) or stale (silent)."""
+    if "hang" in kinds and (not isinstance(kinds, dict) or kinds["hang"]):
         return "hung"
-    if stale:
+    # not in memory: nothing received since this process started
+    if state is None or state.is_stale(time.monotonic()):
         return "stale"
-    if any(kinds.get(k) for k in SLOW_KINDS):
+    if any(k in kinds and (not isinstance(kinds, dict) or kinds[k]) for k in SLOW_KINDS):
         return "degraded"
     return "healthy"
 
@@ -56,7 +54,6 @@ def summary(
     jobs: JobRegistry,
     engine: DetectionEngine,
     kinds: dict[str, int],
-    stale_after_s: float,
 ) -> JobSummary:
     state = jobs.get(row.id)
     rt = engine.peek(row.id)
@@ -68,7 +65,7 @@ def summary(
             state.topology.world_size if live and state.topology.world_size else row.world_size
         ),
         hosts=len(state.topology.hosts) if live else 0,
-        state=job_state_name(state, kinds, stale_after_s, row),  # type: ignore[arg-type]
+        state=job_state_name(state, kinds),  # type: ignore[arg-type]
         step=view.get("step", row.last_step) if view else row.last_step,
         step_time_s=_clean(view.get("step_time_s", row.step_time_s) if view else row.step_time_s),
         baseline_step_time_s=_clean(
@@ -100,9 +97,8 @@ def detail(
     jobs: JobRegistry,
     engine: DetectionEngine,
     kinds: dict[str, int],
-    stale_after_s: float,
 ) -> JobDetail:
-    base = summary(row, jobs=jobs, engine=engine, kinds=kinds, stale_after_s=stale_after_s)
+    base = summary(row, jobs=jobs, engine=engine, kinds=kinds)
     state = jobs.get(row.id)
     rt = engine.peek(row.id)
     hosts = jobs_db.host_counters(session, job=row.id)
