@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo serve test lint bench clean venv
+.PHONY: demo serve test lint bench eval clean venv
 
 venv: $(STAMP)
 
@@ -31,6 +31,10 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/ingest_throughput.py
 	$(PY) bench/agent_cost.py
+	$(PY) bench/detection_scale.py
+
+eval: $(STAMP)
+	$(VENV)/bin/failslow eval
 
 clean:
 	rm -rf $(VENV) var .pytest_cache
