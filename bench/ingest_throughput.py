@@ -106,6 +106,9 @@ def main() -> None:
             },
             "frames_after_flush": flush.get("step"),
             "incidents": len(incidents),
+            "incident_summaries": [
+                f"{i['kind']} {i['ranks']} {i['hosts']}: {i['summary']}" for i in incidents
+            ],
         },
     )
 

@@ -9,6 +9,9 @@ as the ranks the others wait for, directly or transitively, that are not themsel
 * a rank stuck inside an operation its peers already completed;
 * a rank whose host stopped reporting (no envelope for ``dead_after_s`` of event time).
 
+A collective is only blocked while some member we heard from is still inside it: when every
+reported member completed it, the missing members' records are merely late (a lagging agent).
+
 A missing rank that is itself waiting in another blocked collective is followed, not blamed
 (Mycroft-style dependency analysis). When in-flight records are absent altogether (an agent that
 only reports completions), a job whose progress stopped while its hosts keep heartbeating is
@@ -88,6 +91,12 @@ class HangDetector:
         for b in snap.blocked:
             starts = [s for s in b.started if s is not None]
             if not starts:
+                continue
+            if not any(
+                s is not None and e is None for s, e in zip(b.started, b.ended, strict=True)
+            ):
+                # every member we heard from completed it: the others' records are late (an
+                # agent lagging behind), nobody is stuck inside it
                 continue
             timeout = self.timeout_s(b.typical_s, snap.step_time_s)
             if b.progress_ns > min(starts) + timeout * 1e9:

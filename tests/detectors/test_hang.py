@@ -80,3 +80,14 @@ def test_members_that_moved_on_mean_lost_records_not_a_hang() -> None:
     )
     assert HangDetector().analyse(snap(moved_on)) is None  # ... but it completed later steps
     assert HangDetector().analyse(snap(a)) is not None
+
+
+def test_late_records_of_a_completed_collective_are_not_a_hang() -> None:
+    # ranks 0 and 1 completed it long ago; 2 and 3 have not reported: their agent lags
+    a = blocked(
+        "dp",
+        (0, 1, 2, 3),
+        {0: NOW - 20 * S, 1: NOW - 20 * S},
+        {0: NOW - 20 * S + 5, 1: NOW - 20 * S + 5},
+    )
+    assert HangDetector().analyse(snap(a)) is None

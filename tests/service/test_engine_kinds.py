@@ -84,3 +84,20 @@ def test_hangs(db_url: str, fault: Fault, roots: list[int], hosts: list[str]) ->
     assert inc["summary"].startswith("Job hung since") and f"rank {roots[0]}" in inc["summary"]
     assert inc["evidence"]["blocked"] and inc["evidence"]["detector"] == "hang"
     assert summary["state"] == "hung"
+
+
+def test_a_lagging_agent_is_not_a_fault(db_url: str) -> None:
+    """One host's envelopes arrive 15 s (event time) behind the others: no incident of any kind."""
+    sc = Scenario(job="lag", layout=L16, steps=100, noise=Noise(), seed=5)
+    envs = list(sc.envelopes())
+    lagging = [e for e in envs if e["host"] == "node-002"]
+    others = [e for e in envs if e["host"] != "node-002"]
+    order = sorted(
+        others + lagging,
+        key=lambda e: e["sent_ns"] + (15_000_000_000 if e["host"] == "node-002" else 0),
+    )
+    with TestClient(create_app(Settings(database_url=db_url))) as c:
+        for env in order:
+            assert c.post("/v1/ingest", json=env).status_code == 200
+        c.post("/v1/jobs/lag/flush")
+        assert c.get("/v1/jobs/lag/incidents").json() == []
