@@ -27,7 +27,7 @@ import orjson
 from bench.eval import baselines, osdi, suite, tcpd
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARED = ROOT.parent / "shared" / "datasets"
+SHARED = Path(os.environ.get("FAILSLOW_SHARED_DIR") or ROOT.parent / "shared") / "datasets"
 CULPRIT_KINDS = ("slow_gpu", "slow_node", "slow_link")
 
 

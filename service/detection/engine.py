@@ -168,7 +168,7 @@ class DetectionEngine:
                 job_rows += jr
                 rank_rows += rr
             rt.frames += len(closed)
-            if closed or findings:
+            if closed or findings or job_rows or rank_rows:
                 self._persist(rt, state, findings, snap, job_rows, rank_rows)
         self.metrics.frames.inc(len(closed))
         self.metrics.detection_seconds.observe(time.perf_counter() - started)

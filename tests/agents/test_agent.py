@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.server
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,6 +39,7 @@ def feed(rec: Recorder, n: int, *, first: int = 0) -> None:
     rec.register_rank(0, gpu=0, world_size=2)
     rec.register_rank(1, gpu=1, world_size=2)
     rec.register_comm("dp", "dp", [0, 1])
+    now = time.time_ns()  # one clock for records and envelopes, as in real use
     for i in range(first, first + n):
         for r in (0, 1):
             rec.record_collective(
@@ -46,8 +48,8 @@ def feed(rec: Recorder, n: int, *, first: int = 0) -> None:
                 seq=i,
                 op="allreduce",
                 nbytes=4,
-                start_ns=10**18 + i * 1000,
-                end_ns=10**18 + i * 1000 + 500,
+                start_ns=now + i * 1000,
+                end_ns=now + i * 1000 + 500,
             )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,10 @@ import pytest
 from bench.eval import baselines
 from bench.eval.tcpd_metrics import cover, f1
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "datasets"
+SHARED = (
+    Path(os.environ.get("FAILSLOW_SHARED_DIR") or Path(__file__).resolve().parents[3] / "shared")
+    / "datasets"
+)
 needs_shared = pytest.mark.skipif(not SHARED.exists(), reason=f"{SHARED} not present")
 
 

@@ -25,5 +25,7 @@ def test_demo_fast(tmp_path: Path) -> None:
     out = run.stdout
     assert "INCIDENT slow_gpu opened: GPU 5 on node-001 (rank 13)" in out
     assert "OK: the injected slow GPU (rank 13) was found" in out
+    assert "OK: the injected slow NIC (node-005) was found" in out
+    assert "INCIDENT slow_link opened: The network link of node-005 is slow" in out
     assert "INCIDENT slow_gpu resolved" in out
     assert (tmp_path / "demo" / "failslow.db").exists()
