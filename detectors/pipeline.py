@@ -379,7 +379,13 @@ class JobPipeline:
         for (kind, subject), info in self.opened.items():
             if kind == "slow_link":
                 comms = info.extra.get("comms", [])
-                if any(c < links.elevated.size and links.elevated[c] for c in comms):
+                # the group's median: with dozens of comms one always dips by jitter alone
+                ratios = [
+                    links.ratio[c]
+                    for c in comms
+                    if c < links.ratio.size and np.isfinite(links.ratio[c])
+                ]
+                if ratios and float(np.median(ratios)) < self.links.relaxed_ratio:
                     elevated.add(f"slow_link/{subject}")
         strong = {
             f"slow_link/{k}"
@@ -707,12 +713,16 @@ class JobPipeline:
             late_s / frame_time if frame_time and np.isfinite(frame_time) else float("nan")
         )
         suspects = int(self.tracker.suspect_count()[slot]) if slot < self.tracker.bits.size else 0
+        strong_run = (
+            int(self.tracker.strong_run[slot]) if slot < self.tracker.strong_run.size else 0
+        )
         strength = (
             min(1.0, late_fraction / (2 * self.detector.late_fraction))
             if np.isfinite(late_fraction)
             else 0.5
         )
-        confidence = max(0.0, min(0.99, (max(suspects, 1) / self.window) * strength))
+        evidence_frames = min(self.window, suspects + strong_run)  # a strong frame counts twice
+        confidence = max(0.0, min(0.99, (max(evidence_frames, 1) / self.window) * strength))
         reason = (
             f"late in every communicator it uses in {suspects}/{self.window} recent frames: "
             f"peers wait {late_s * 1e3:.1f} ms per step ({late_fraction:.1%} of step time)"

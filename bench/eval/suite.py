@@ -127,6 +127,14 @@ def cases(*, quick: bool = False, seeds: int = 2, long_steps: int = 2000) -> lis
                     factor=3.0,
                     seed=seed,
                 )
+                add(
+                    "recovering",
+                    f"recovering-nic-{lname}",
+                    lay,
+                    (Fault("slow_nic", ONSET, ONSET + 40, factor=3.0, hosts=(nic,)),),
+                    factor=3.0,
+                    seed=seed,
+                )
                 a, b = _pair_adjacent_in_pipeline(lay)
                 add(
                     "slow_link",

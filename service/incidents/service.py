@@ -89,7 +89,8 @@ def refresh_incident(
 ) -> None:
     incident.slowdown = slowdown
     incident.subject_slowdown = subject_slowdown
-    incident.confidence = confidence
+    # confidence that the condition was real: it does not fall while the incident fades out
+    incident.confidence = max(incident.confidence, confidence)
     incident.summary = summary
     incident.evidence = evidence
     incident.updated_ns = now_ns
