@@ -300,11 +300,12 @@ class Demo:
                     f"confidence {inc['confidence']:.2f}; GET /v1/incidents/{inc['id']}"
                 )
             if inc["state"] == "resolved":
+                who = f"ranks {inc['ranks']}" if inc["ranks"] else ", ".join(inc["hosts"])
                 self.term.line(
                     self.term.c(
                         GREEN,
-                        f"[{now:6.1f}s] ** INCIDENT {inc['kind']} resolved "
-                        f"(ranks {inc['ranks']}) at step {inc['resolved_step']}",
+                        f"[{now:6.1f}s] ** INCIDENT {inc['kind']} resolved ({who}) "
+                        f"at step {inc['resolved_step']}",
                     )
                 )
         self.incidents = incidents
