@@ -130,6 +130,14 @@ class JobPipeline:
         self.own_ratio = np.zeros(0)
         self._culprit_seen: deque[bool] = deque(maxlen=2)
         self.static_ratio = 1.0 + 5.0 * (compute_ratio - 1.0)
+        self.work: np.ndarray | None = None  # per-slot work share (a rebalanced plan), 1 = equal
+
+    def set_work(self, work: np.ndarray | None) -> None:
+        """Adopt a new plan's per-slot work shares: compute times are compared per unit of work,
+        and the job's baseline step time is learned afresh (the plan changed what is normal)."""
+        self.work = None if work is None else np.asarray(work, dtype=float)
+        self.blocks.clear()
+        self._block = []
 
     # -- state ---------------------------------------------------------------------------------
     def _ensure(self, n: int, n_comms: int) -> None:
@@ -195,7 +203,8 @@ class JobPipeline:
         self.shape = shape
         n_comms = shape.comm_kind.size
         self._ensure(frame.n, n_comms)
-        scores = self.detector.score(frame, shape.groups)
+        work = self.work if self.work is not None and self.work.size == frame.n else None
+        scores = self.detector.score(frame, shape.groups, work)
         nodes = node_scores(
             frame, scores, shape, late_fraction=self.late_fraction, compute_ratio=self.compute_ratio
         )

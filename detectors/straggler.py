@@ -102,7 +102,12 @@ class PeerLatenessDetector:
         with np.errstate(invalid="ignore"):
             return np.where(np.isfinite(ratio), (ratio - med) / spread, np.inf)
 
-    def score(self, frame: Frame, groups: PeerGroups) -> FrameScores:
+    def score(
+        self, frame: Frame, groups: PeerGroups, work: np.ndarray | None = None
+    ) -> FrameScores:
+        """Score one frame. ``work``: each slot's share of the step's work relative to its
+        peers (1.0 = equal; a rebalanced plan gives data-parallel ranks unequal micro-batch
+        shares), by which compute times are normalised before they are compared."""
         present = (frame.calls.sum(axis=1) > 0) | np.isfinite(frame.step_time)
         late = np.where(present, min_rule_lateness(frame.late, frame.calls), np.nan)
         if frame.has_steps:
@@ -112,6 +117,8 @@ class PeerLatenessDetector:
                 else np.nan
             )
             compute = np.maximum(frame.step_time - frame.comm_time, 0.0)
+            if work is not None and work.shape == compute.shape:
+                compute = compute / work
             ratio = peer_ratio(compute, groups)
         else:
             # A time bucket: each rank's time in it is either communication or not, so the

@@ -14,6 +14,8 @@ from fastapi.openapi.utils import get_openapi
 from starlette.concurrency import run_in_threadpool
 
 from service import __version__
+from service.actions.engine import Mitigation
+from service.actions.router import router as actions_router
 from service.context import AppContext
 from service.db import make_engine, make_sessionmaker, upgrade
 from service.detection.engine import DetectionEngine
@@ -26,6 +28,7 @@ from service.jobs.router import router as jobs_router
 from service.live import job_samples, open_by_kind
 from service.metrics import LiveCollector, Metrics
 from service.ops.router import router as ops_router
+from service.plans.router import router as plans_router
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -37,6 +40,7 @@ async def detection_loop(ctx: AppContext) -> None:
     while True:
         try:
             await run_in_threadpool(ctx.detection.run_due)
+            await run_in_threadpool(ctx.mitigation.run_due)
             for job in ctx.jobs.evict_idle():
                 ctx.detection.forget(job)
         except asyncio.CancelledError:
@@ -56,7 +60,15 @@ def build_context(settings: Settings) -> AppContext:
     detection = DetectionEngine(
         settings=settings.detection, sessions=sessions, metrics=metrics, jobs=jobs
     )
-    ctx = AppContext(settings, engine, sessions, metrics, jobs, detection)
+    mitigation = Mitigation(
+        settings=settings.actions,
+        sessions=sessions,
+        metrics=metrics,
+        jobs=jobs,
+        detection=detection,
+    )
+    mitigation.recover()
+    ctx = AppContext(settings, engine, sessions, metrics, jobs, detection, mitigation)
     metrics.add(
         LiveCollector(jobs=lambda: job_samples(ctx), open_incidents=lambda: open_by_kind(ctx))
     )
@@ -90,6 +102,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(ingest_router)
     app.include_router(jobs_router)
     app.include_router(incidents_router)
+    app.include_router(actions_router)
+    app.include_router(plans_router)
     app.include_router(ops_router)
 
     def openapi() -> dict[str, Any]:

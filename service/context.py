@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.actions.engine import Mitigation
 from service.auth import Role, check
 from service.detection.engine import DetectionEngine
 from service.jobs.registry import JobRegistry
@@ -25,6 +26,7 @@ class AppContext:
     metrics: Metrics
     jobs: JobRegistry
     detection: DetectionEngine
+    mitigation: Mitigation
     ingest_inflight: int = 0
 
 

@@ -77,6 +77,22 @@ class Metrics:
             "failslow_incidents_resolved_total", "Incidents resolved.", ["kind"], registry=r
         )
 
+        self.actions = Counter(
+            "failslow_actions_total",
+            "Action state changes, by action kind and the state reached.",
+            ["kind", "state"],
+            registry=r,
+        )
+        self.actuator_seconds = Histogram(
+            "failslow_actuator_duration_seconds",
+            "Time of one actuator call.",
+            ["actuator"],
+            registry=r,
+        )
+        self.plans = Counter(
+            "failslow_plans_published_total", "Plan versions published.", registry=r
+        )
+
     def add(self, collector: Collector) -> None:
         self.registry.register(collector)
 

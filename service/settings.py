@@ -176,6 +176,91 @@ class DetectionSettings(BaseModel):
         return self
 
 
+ACTION_KINDS = ("notify", "rebalance", "replan", "isolate", "restart")
+ACTUATORS = ("log", "plan", "webhook", "kubernetes", "slurm")
+
+
+class ActionsSettings(BaseModel):
+    """Mitigation: the policy's costs and budgets, approval modes and actuators."""
+
+    enabled: bool = Field(default=True, description="Run the policy on open incidents.")
+    actuators: list[str] = Field(
+        default_factory=lambda: ["log", "plan"],
+        description="Actuators switched on. `log` and `plan` have no effect outside failslow.",
+    )
+    actuator_for: dict[str, str] = Field(
+        default_factory=lambda: {
+            "notify": "log",
+            "rebalance": "plan",
+            "replan": "plan",
+            "isolate": "log",
+            "restart": "log",
+        },
+        description="Which actuator carries out each action kind (JSON in the environment).",
+    )
+    approval: dict[str, str] = Field(
+        default_factory=lambda: {
+            "notify": "auto",
+            "rebalance": "auto",
+            "replan": "auto",
+            "isolate": "manual",
+            "restart": "manual",
+        },
+        description="`auto` executes at once; `manual` waits for an operator's approval.",
+    )
+    dry_run: bool = Field(default=False, description="Actuators only say what they would do.")
+    timeout_s: float = Field(default=30.0, gt=0, description="Deadline of one actuator call.")
+    costs_s: dict[str, float] = Field(
+        default_factory=lambda: {
+            "notify": 0.0,
+            "rebalance": 5.0,
+            "replan": 30.0,
+            "isolate": 0.0,
+            "restart": 600.0,
+        },
+        description="Default cost of each action in seconds of job time, until outcomes teach "
+        "better ones (ski rental: act once the time lost reaches the cost).",
+    )
+    max_isolations_per_hour: int = Field(default=2, ge=0, description="Per job.")
+    min_world_size: int = Field(default=1, ge=1, description="Never isolate below this many ranks.")
+    cooldown_s: float = Field(default=600.0, ge=0, description="Per target, between actions.")
+    notify_below: float = Field(
+        default=1.05, ge=1, description="Job slowdown under which incidents are only notified."
+    )
+    min_gain: float = Field(
+        default=0.05, ge=0, le=1, description="Least predicted recovery for rebalance."
+    )
+    outcome_after_s: float = Field(
+        default=20.0, gt=0, description="Event time after execution before an outcome is measured."
+    )
+    webhook_url: str = Field(default="", description="Receiver of the `webhook` actuator.")
+    webhook_secret: str = Field(default="", description="HMAC-SHA256 key of webhook bodies.")
+    kubernetes_namespace: str = Field(default="default", description="Namespace of job pods.")
+    kubernetes_job_label: str = Field(
+        default="failslow.dev/job", description="Pod label whose value is the failslow job id."
+    )
+    kubernetes_host: str = Field(default="", description="API server URL (else kubeconfig).")
+    kubernetes_in_cluster: bool = Field(default=False, description="Use the pod's account.")
+    slurm_scontrol: str = Field(default="scontrol", description="Path of `scontrol`.")
+
+    @model_validator(mode="after")
+    def _check(self) -> ActionsSettings:
+        for name in self.actuators:
+            if name not in ACTUATORS:
+                raise ValueError(f"unknown actuator {name!r}; one of {ACTUATORS}")
+        for kind, name in self.actuator_for.items():
+            if kind not in ACTION_KINDS:
+                raise ValueError(f"unknown action kind {kind!r} in actuator_for")
+            if name not in ACTUATORS:
+                raise ValueError(f"unknown actuator {name!r} for {kind}")
+        for kind, mode in self.approval.items():
+            if kind not in ACTION_KINDS or mode not in ("auto", "manual"):
+                raise ValueError(f"approval[{kind!r}] must be auto or manual")
+        if "webhook" in self.actuators and not (self.webhook_url and self.webhook_secret):
+            raise ValueError("the webhook actuator needs actions.webhook_url and webhook_secret")
+        return self
+
+
 class Settings(BaseSettings):
     """All service settings. Environment: ``FAILSLOW_<FIELD>`` and ``FAILSLOW_<GROUP>__<FIELD>``."""
 
@@ -201,6 +286,9 @@ class Settings(BaseSettings):
     state: StateSettings = Field(default_factory=StateSettings, description="Memory bounds.")
     detection: DetectionSettings = Field(
         default_factory=DetectionSettings, description="Detector parameters."
+    )
+    actions: ActionsSettings = Field(
+        default_factory=ActionsSettings, description="Mitigation policy and actuators."
     )
 
     @model_validator(mode="after")

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -20,6 +21,7 @@ from detectors.findings import Finding
 from detectors.hang import HangSnapshot
 from detectors.pipeline import JobPipeline
 from detectors.types import JobShape
+from service.actions.models import Action
 from service.db import session_scope
 from service.detection.history import HistoryAccumulator
 from service.detection.shape import blocked_collectives, job_shape
@@ -30,6 +32,8 @@ from service.jobs.models import JobHistory, RankHistory
 from service.jobs.registry import JobRegistry
 from service.jobs.state import JobState
 from service.metrics import Metrics
+from service.plans import service as plans
+from service.plans.work import work_weights
 from service.settings import DetectionSettings
 
 log = logging.getLogger(__name__)
@@ -45,6 +49,7 @@ class JobRuntime:
     open: dict[tuple[str, str], str] = field(default_factory=dict)  # (kind, subject) -> incident id
     seeded: bool = False
     frames: int = 0
+    shares: list[int] | None = None  # the plan's micro-batch shares the detectors assume
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +103,15 @@ class DetectionEngine:
                     self._runtimes[job] = rt
         return rt
 
+    def set_plan_shares(self, state: JobState, shares: list[int] | None) -> None:
+        """A plan with new micro-batch shares was published: compare compute per unit of work."""
+        rt = self.runtime(state.job)
+        with rt.lock:
+            with state.lock:
+                weights = work_weights(state.topology, shares)
+            rt.pipeline.set_work(weights)
+            rt.shares = list(shares) if shares else None
+
     def peek(self, job: str) -> JobRuntime | None:
         return self._runtimes.get(job)
 
@@ -141,6 +155,8 @@ class DetectionEngine:
                 if rt.shape is None or rt.shape_version != topo.version:
                     rt.shape = job_shape(topo)
                     rt.shape_version = topo.version
+                    if rt.shares:
+                        rt.pipeline.work = work_weights(topo, rt.shares)
                 shape = rt.shape
                 snap = _Snapshot(
                     list(topo.slot_rank),
@@ -228,6 +244,12 @@ class DetectionEngine:
                 host_index=host_index,
             )
             rt.open[(kind, key_subject)] = row.id
+        with session_scope(self.sessions) as s:
+            _, plan, _ = plans.current(s, job=state.job)
+        shares = plan.get("microbatch_shares")
+        if shares:
+            rt.pipeline.set_work(work_weights(topo, shares))
+            rt.shares = list(shares)
         rt.seeded = True
 
     def _persist(
@@ -325,11 +347,23 @@ class DetectionEngine:
                 resolved_step=f.detected_index,
                 evidence={"reason": f.reason},
             )
+            fixed = s.scalars(
+                select(Action.kind)
+                .where(
+                    Action.incident_id == row.id,
+                    Action.state == "succeeded",
+                    Action.kind.in_(("rebalance", "replan", "restart")),
+                )
+                .order_by(Action.created_ns)
+            ).all()
+            verb = f"Mitigated by {' + '.join(dict.fromkeys(fixed))}" if fixed else "Recovered"
             at = (
-                f" Recovered by step {f.detected_index}."
+                f" {verb} by step {f.detected_index}."
                 if f.detected_index is not None
-                else " Recovered."
+                else f" {verb}."
             )
+            if fixed:
+                row.evidence = {**row.evidence, "mitigated_by": list(dict.fromkeys(fixed))}
             row.summary = row.summary.rstrip(".") + "." + at
             rt.open.pop(key, None)
             self.metrics.resolved.labels(f.kind).inc()

@@ -204,6 +204,15 @@ class Assembler:
         self.expired += count
         return count
 
+    def abandon(self) -> int:
+        """Drop every incomplete collective (the job restarted: its members are gone)."""
+        count = len(self.pending)
+        for key in list(self.pending):
+            del self.pending[key]
+            self._retire(key)
+        self.expired += count
+        return count
+
     def take_ready(self) -> list[ReadyBatch]:
         """Collectives completed since the last call, one batch per member count."""
         ready, self._ready = self._ready, {}

@@ -18,6 +18,10 @@ TABLES = {
     "incidents",
     "rank_history",
     "job_history",
+    "actions",
+    "action_events",
+    "plans",
+    "job_workloads",
 }
 
 
@@ -33,6 +37,10 @@ def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     assert current_revision(engine) is None
     upgrade(engine)
     assert current_revision(engine) == head_revision()
+    downgrade(engine, "0001")  # one step: only the actions/plans tables go
+    names = set(inspect(engine).get_table_names())
+    assert "actions" not in names and "plans" not in names and "incidents" in names
+    upgrade(engine)
     engine.dispose()
 
 

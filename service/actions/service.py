@@ -1,0 +1,215 @@
+"""Queries and state changes of actions, each with an audit event (the caller owns the transaction).
+
+States: ``proposed -> approved -> executing -> succeeded | failed``, or ``proposed -> rejected``.
+The move to ``executing`` is a conditional UPDATE, so of two service processes (or two loop
+iterations) exactly one claims an action; an action left ``executing`` by a crash is never run
+again (at-most-once), it is marked failed at the next start with the reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from service.actions.models import Action, ActionEvent
+from service.actions.policy import ActionSpec
+from service.errors import Conflict
+from service.ids import new_id
+
+TRANSITIONS = {
+    "proposed": ("approved", "rejected"),
+    "approved": ("executing",),
+    "executing": ("succeeded", "failed"),
+    "succeeded": (),
+    "failed": (),
+    "rejected": (),
+}
+
+
+def idempotency_key(job: str, incident: str | None, spec: ActionSpec) -> str:
+    return f"{job}/{incident or '-'}/{spec.rung}/{spec.kind}/{spec.target}"
+
+
+def _event(
+    session: Session,
+    action: Action,
+    *,
+    frm: str | None,
+    to: str,
+    actor: str,
+    note: str,
+    now_ns: int,
+) -> None:
+    session.add(
+        ActionEvent(
+            action_id=action.id, at_ns=now_ns, from_state=frm, to_state=to, actor=actor, note=note
+        )
+    )
+
+
+def propose(
+    session: Session,
+    *,
+    job: str,
+    incident: str | None,
+    spec: ActionSpec,
+    mode: str,
+    actuator: str,
+    dry_run: bool,
+    now_ns: int,
+    event_ns: int,
+) -> tuple[Action, bool]:
+    """Persist a decided action (``proposed``; ``approved`` at once in auto mode).
+
+    Returns ``(action, created)``; a second proposal with the same idempotency key returns the
+    first one.
+    """
+    key = idempotency_key(job, incident, spec)
+    existing = session.scalars(select(Action).where(Action.idempotency_key == key)).first()
+    if existing is not None:
+        return existing, False
+    row = Action(
+        id=new_id("act"),
+        job_id=job,
+        incident_id=incident,
+        kind=spec.kind,
+        target=spec.target,
+        state="proposed",
+        mode=mode,
+        reason=spec.reason,
+        params=dict(spec.params),
+        actuator=actuator,
+        dry_run=dry_run,
+        result=None,
+        outcome=None,
+        idempotency_key=key,
+        created_ns=now_ns,
+        updated_ns=now_ns,
+        decided_event_ns=event_ns,
+        executed_ns=None,
+        decided_by="policy",
+    )
+    try:
+        with session.begin_nested():
+            session.add(row)
+            session.flush()
+    except IntegrityError:
+        winner = session.scalars(select(Action).where(Action.idempotency_key == key)).first()
+        if winner is None:
+            raise
+        return winner, False
+    _event(session, row, frm=None, to="proposed", actor="policy", note=spec.reason, now_ns=now_ns)
+    if mode == "auto":
+        transition(session, row, to="approved", actor="policy", note="auto mode", now_ns=now_ns)
+    return row, True
+
+
+def transition(
+    session: Session, action: Action, *, to: str, actor: str, note: str, now_ns: int
+) -> None:
+    if to not in TRANSITIONS[action.state]:
+        raise Conflict(f"action {action.id} is {action.state}; it cannot become {to}")
+    frm = action.state
+    action.state = to
+    action.updated_ns = now_ns
+    _event(session, action, frm=frm, to=to, actor=actor, note=note, now_ns=now_ns)
+
+
+def decide_manually(
+    session: Session, *, action_id: str, approve: bool, actor: str, note: str, now_ns: int
+) -> Action | None:
+    """An operator's approval or rejection (409 if the action is no longer proposed)."""
+    row = session.get(Action, action_id, with_for_update=True)
+    if row is None:
+        return None
+    to = "approved" if approve else "rejected"
+    if row.state == to:
+        return row  # the same decision twice: idempotent
+    transition(session, row, to=to, actor=actor, note=note, now_ns=now_ns)
+    row.decided_by = actor
+    if not approve:
+        row.result = {"rejected": note or "rejected by an operator"}
+    return row
+
+
+def claim(session: Session, *, action_id: str, now_ns: int) -> bool:
+    """``approved -> executing`` for exactly one claimant (conditional UPDATE)."""
+    res = session.execute(
+        update(Action)
+        .where(Action.id == action_id, Action.state == "approved")
+        .values(state="executing", updated_ns=now_ns, executed_ns=now_ns)
+    )
+    if res.rowcount != 1:  # type: ignore[attr-defined]
+        return False
+    session.add(
+        ActionEvent(
+            action_id=action_id,
+            at_ns=now_ns,
+            from_state="approved",
+            to_state="executing",
+            actor="executor",
+            note="claimed for execution",
+        )
+    )
+    return True
+
+
+def finish(
+    session: Session, *, action: Action, ok: bool, result: dict[str, Any], now_ns: int
+) -> None:
+    action.result = result
+    note = "done" if ok else str(result.get("error", "failed"))
+    transition(
+        session,
+        action,
+        to="succeeded" if ok else "failed",
+        actor=f"actuator:{action.actuator}",
+        note=note,
+        now_ns=now_ns,
+    )
+
+
+def recover_interrupted(session: Session, *, now_ns: int) -> list[str]:
+    """Actions left ``executing`` by a crash: failed, never re-run (their effect is unknown)."""
+    rows = list(session.scalars(select(Action).where(Action.state == "executing")))
+    for row in rows:
+        row.result = {
+            "error": "the service stopped while this action was executing; its effect is "
+            "unknown and it is not run again (at-most-once). Check the target, then re-propose."
+        }
+        transition(
+            session, row, to="failed", actor="service", note="interrupted by restart", now_ns=now_ns
+        )
+    return [r.id for r in rows]
+
+
+def list_actions(
+    session: Session,
+    *,
+    job: str | None = None,
+    state: str | None = None,
+    incident: str | None = None,
+) -> list[Action]:
+    q = select(Action)
+    if job is not None:
+        q = q.where(Action.job_id == job)
+    if state is not None:
+        q = q.where(Action.state == state)
+    if incident is not None:
+        q = q.where(Action.incident_id == incident)
+    return list(session.scalars(q.order_by(Action.created_ns, Action.id)))
+
+
+def get_action(session: Session, *, action_id: str) -> Action | None:
+    return session.get(Action, action_id)
+
+
+def events(session: Session, *, action_id: str) -> list[ActionEvent]:
+    return list(
+        session.scalars(
+            select(ActionEvent).where(ActionEvent.action_id == action_id).order_by(ActionEvent.id)
+        )
+    )

@@ -1,0 +1,116 @@
+"""Plan versions: the current plan of a job and publishing a new one (caller owns the transaction).
+
+A plan is a whole document; each version is derived from the previous one by one change, so the
+training job can always apply the newest version alone. Versions only grow.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from service.plans.models import JobWorkload, PlanVersion
+
+EMPTY: dict[str, Any] = {
+    "microbatch_shares": None,
+    "excluded_hosts": [],
+    "excluded_ranks": [],
+    "rank_order": {},
+    "restart_epoch": 0,
+    "reason": "initial plan: no changes",
+}
+
+
+def current(session: Session, *, job: str) -> tuple[int, dict[str, Any], int]:
+    """``(version, body, created_ns)``; version 0 is the implicit initial plan."""
+    row = session.scalars(
+        select(PlanVersion)
+        .where(PlanVersion.job_id == job)
+        .order_by(PlanVersion.version.desc())
+        .limit(1)
+    ).first()
+    if row is None:
+        return 0, dict(EMPTY), 0
+    return row.version, {**EMPTY, **row.body}, row.created_ns
+
+
+def etag(job: str, version: int) -> str:
+    digest = hashlib.sha256(f"{job}\0{version}".encode()).hexdigest()[:16]
+    return f'"{version}-{digest}"'
+
+
+def publish(
+    session: Session,
+    *,
+    job: str,
+    change: dict[str, Any],
+    reason: str,
+    action_id: str | None,
+    now_ns: int,
+) -> tuple[int, bool]:
+    """Publish ``current + change`` as a new version. Returns ``(version, created)``.
+
+    Idempotent per action: if the action already published a version, that version is returned.
+    Two writers racing for the same version number: the loser retries on top of the winner.
+    """
+    if action_id is not None:
+        done = session.scalars(
+            select(PlanVersion).where(PlanVersion.action_id == action_id)
+        ).first()
+        if done is not None:
+            return done.version, False
+    for _ in range(5):
+        version, body, _ = current(session, job=job)
+        new = {**body, **change, "reason": reason}
+        if "rank_order" in change:
+            new["rank_order"] = {**body.get("rank_order", {}), **change["rank_order"]}
+        row = PlanVersion(
+            job_id=job,
+            version=version + 1,
+            body=new,
+            reason=reason,
+            action_id=action_id,
+            created_ns=now_ns,
+        )
+        try:
+            with session.begin_nested():
+                session.add(row)
+                session.flush()
+        except IntegrityError:
+            if action_id is not None:
+                done = session.scalars(
+                    select(PlanVersion).where(PlanVersion.action_id == action_id)
+                ).first()
+                if done is not None:
+                    return done.version, False
+            continue
+        return version + 1, True
+    raise RuntimeError(f"could not publish a plan for {job}: too many concurrent writers")
+
+
+def history(session: Session, *, job: str) -> list[PlanVersion]:
+    return list(
+        session.scalars(
+            select(PlanVersion).where(PlanVersion.job_id == job).order_by(PlanVersion.version)
+        )
+    )
+
+
+def workload(session: Session, *, job: str) -> JobWorkload | None:
+    return session.get(JobWorkload, job)
+
+
+def declare_workload(
+    session: Session, *, job: str, global_batch: int, unit: str, now_ns: int
+) -> JobWorkload:
+    row = session.get(JobWorkload, job)
+    if row is None:
+        row = JobWorkload(job_id=job, global_batch=global_batch, unit=unit, updated_ns=now_ns)
+        session.add(row)
+    else:
+        row.global_batch, row.unit, row.updated_ns = global_batch, unit, now_ns
+    return row

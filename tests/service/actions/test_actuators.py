@@ -1,0 +1,237 @@
+"""Actuators against real local receivers: an HTTP webhook receiver, a recorded ``scontrol`` on
+PATH (Debian's Slurm needs a running slurmctld, which this machine does not have), and a local
+HTTP server speaking the Kubernetes API paths the official client calls (no cluster here)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from service.actions.actuators.base import ActionRequest, run
+from service.actions.actuators.slurm import SlurmActuator
+from service.actions.actuators.webhook import WebhookActuator
+
+REQ = ActionRequest(
+    id="act_1",
+    job="llama-7",
+    incident="inc_1",
+    kind="isolate",
+    target="host:node-017",
+    reason="the job is hung; root(s) on node-017",
+    params={"host": "node-017", "ranks": [136, 137]},
+)
+
+
+class Receiver:
+    """A real HTTP server that records requests and answers from a script of statuses."""
+
+    def __init__(self, statuses: list[int] | None = None, body: Any = None) -> None:
+        self.requests: list[tuple[str, str, dict[str, str], bytes]] = []
+        self.statuses = list(statuses or [])
+        self.body = body
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _any(self) -> None:
+                n = int(self.headers.get("Content-Length") or 0)
+                data = self.rfile.read(n) if n else b""
+                outer.requests.append((self.command, self.path, dict(self.headers), data))
+                status = outer.statuses.pop(0) if outer.statuses else 200
+                payload = outer.body(self.command, self.path) if callable(outer.body) else {}
+                raw = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            do_GET = do_POST = do_PATCH = do_DELETE = do_PUT = _any
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.close()
+
+
+def test_webhook_signs_the_exact_body(receiver: Receiver) -> None:
+    act = WebhookActuator(url=receiver.url + "/hook", secret="s3cret")
+    out = run(act, REQ, timeout_s=10)
+    assert out.ok and out.result["status"] == 200
+    method, path, headers, body = receiver.requests[0]
+    assert (method, path) == ("POST", "/hook")
+    want = "sha256=" + hmac.new(b"s3cret", body, hashlib.sha256).hexdigest()
+    assert headers["X-Failslow-Signature"] == want
+    assert headers["X-Failslow-Delivery"] == "act_1"
+    doc = json.loads(body)
+    assert doc["kind"] == "isolate" and doc["target"] == "host:node-017"
+
+
+def test_webhook_retries_server_errors_then_succeeds() -> None:
+    r = Receiver(statuses=[503, 500, 200])
+    try:
+        out = run(WebhookActuator(url=r.url, secret="k"), REQ, timeout_s=10)
+        assert out.ok and out.result["attempts"] == 3
+        assert len(r.requests) == 3
+    finally:
+        r.close()
+
+
+def test_webhook_gives_up_on_a_refusal_and_reports_it() -> None:
+    r = Receiver(statuses=[403, 200])
+    try:
+        out = run(WebhookActuator(url=r.url, secret="k"), REQ, timeout_s=10)
+        assert not out.ok and "HTTP 403" in out.result["error"]
+        assert len(r.requests) == 1  # a 4xx is not retried
+    finally:
+        r.close()
+
+
+def test_webhook_unreachable_fails_cleanly() -> None:
+    out = run(WebhookActuator(url="http://127.0.0.1:9", secret="k", attempts=2), REQ, timeout_s=10)
+    assert not out.ok and "failed after 2 attempt(s)" in out.result["error"]
+
+
+@pytest.fixture
+def scontrol(tmp_path: Path) -> tuple[Path, Path]:
+    """A recorded fake ``scontrol``: appends its argv to a log, fails for node 'bad-node'."""
+    log = tmp_path / "scontrol.log"
+    exe = tmp_path / "scontrol"
+    exe.write_text(
+        "#!/bin/sh\n"
+        f'printf "%s\\n" "$*" >> {log}\n'
+        'case "$*" in *bad-node*) echo "slurm_update error: Invalid node name" >&2; exit 1;; esac\n'
+    )
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    return exe, log
+
+
+def test_slurm_drains_the_node_and_requeues_the_job(scontrol: tuple[Path, Path]) -> None:
+    exe, log = scontrol
+    act = SlurmActuator(scontrol=str(exe))
+    assert run(act, REQ, timeout_s=10).ok
+    restart = ActionRequest(
+        "act_2", "llama-7", "inc_1", "restart", "job:llama-7", "hung", {"slurm_job_id": 4242}
+    )
+    assert run(act, restart, timeout_s=10).ok
+    lines = log.read_text().splitlines()
+    assert lines[0].startswith("update nodename=node-017 state=drain reason=failslow act_1:")
+    assert lines[1] == "requeue 4242"
+
+
+def test_slurm_failure_carries_scontrols_message(scontrol: tuple[Path, Path]) -> None:
+    exe, _ = scontrol
+    bad = ActionRequest("act_3", "j", None, "isolate", "host:bad-node", "x", {"host": "bad-node"})
+    out = run(SlurmActuator(scontrol=str(exe)), bad, timeout_s=10)
+    assert not out.ok and "Invalid node name" in out.result["error"]
+
+
+def test_slurm_dry_run_runs_nothing(scontrol: tuple[Path, Path]) -> None:
+    exe, log = scontrol
+    out = run(SlurmActuator(scontrol=str(exe)), _dry(REQ), timeout_s=10)
+    assert out.ok and out.result["ran"] is False and out.result["dry_run"] is True
+    assert "state=drain" in out.result["commands"][0]
+    assert not log.exists()
+
+
+def _dry(req: ActionRequest) -> ActionRequest:
+    return ActionRequest(
+        req.id, req.job, req.incident, req.kind, req.target, req.reason, dict(req.params), True
+    )
+
+
+def _kube_body(method: str, path: str) -> Any:
+    if method == "GET" and path.startswith("/api/v1/namespaces/train/pods"):
+        return {
+            "kind": "PodList",
+            "apiVersion": "v1",
+            "metadata": {},
+            "items": [{"metadata": {"name": "llama-7-w3", "namespace": "train"}}],
+        }
+    if path.startswith("/api/v1/nodes/"):
+        return {"kind": "Node", "apiVersion": "v1", "metadata": {"name": path.rsplit("/", 1)[1]}}
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
+
+
+def test_kubernetes_cordons_the_node_and_evicts_the_jobs_pods() -> None:
+    pytest.importorskip("kubernetes")
+    from service.actions.actuators.kubernetes import KubernetesActuator
+
+    r = Receiver(body=_kube_body)
+    try:
+        act = KubernetesActuator(namespace="train", host=r.url)
+        out = run(act, REQ, timeout_s=20)
+        assert out.ok, out.result
+        assert out.result == {**out.result, "cordoned": "node-017", "evicted": ["llama-7-w3"]}
+        calls = [(m, p.split("?")[0]) for m, p, _, _ in r.requests]
+        assert ("GET", "/api/v1/namespaces/train/pods") in calls
+        assert ("PATCH", "/api/v1/nodes/node-017") in calls
+        assert ("POST", "/api/v1/namespaces/train/pods/llama-7-w3/eviction") in calls
+        query = next(p for m, p, _, _ in r.requests if m == "GET")
+        qs = parse_qs(urlsplit(query).query)
+        assert qs["labelSelector"] == ["failslow.dev/job=llama-7"]
+        assert qs["fieldSelector"] == ["spec.nodeName=node-017"]
+        patch = next(b for m, _, _, b in r.requests if m == "PATCH")
+        assert json.loads(patch) == {"spec": {"unschedulable": True}}
+    finally:
+        r.close()
+
+
+def test_kubernetes_api_errors_become_a_failed_outcome() -> None:
+    pytest.importorskip("kubernetes")
+    from service.actions.actuators.kubernetes import KubernetesActuator
+
+    r = Receiver(statuses=[403], body=_kube_body)
+    try:
+        out = run(KubernetesActuator(namespace="train", host=r.url), REQ, timeout_s=20)
+        assert not out.ok and "kubernetes API 403" in out.result["error"]
+    finally:
+        r.close()
+
+
+class _Slow:
+    name = "slow"
+
+    def execute(self, request: ActionRequest) -> dict[str, Any]:
+        time.sleep(2)
+        return {}
+
+
+class _Broken:
+    name = "broken"
+
+    def execute(self, request: ActionRequest) -> dict[str, Any]:
+        raise RuntimeError("boom")
+
+
+def test_runner_bounds_time_and_isolates_errors() -> None:
+    started = time.monotonic()
+    out = run(_Slow(), REQ, timeout_s=0.2)
+    assert not out.ok and out.result["timeout"] is True
+    assert time.monotonic() - started < 1.5
+    out = run(_Broken(), REQ, timeout_s=5)
+    assert not out.ok and out.result["error"] == "RuntimeError: boom"
