@@ -39,7 +39,9 @@ def rank_main(rank: int, args: argparse.Namespace, barrier: mp.synchronize.Barri
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--job", default="toy")
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--steps", type=int, default=300)

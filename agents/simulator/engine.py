@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from agents.simulator.faults import Fault
-from agents.simulator.layout import Layout
+from agents.simulator.layout import CommSpec, Layout
 
 ALG_FACTOR = {
     "allreduce": lambda n: 2 * (n - 1) / n,
@@ -66,6 +66,15 @@ class Noise:
         return Noise(0.0, 0.0, 0.0, 0.0, 0.0, (1.0, 1.0), 0, 0.0, 0.0)
 
 
+@dataclass(frozen=True, slots=True)
+class PlanState:
+    """What the simulated job runs under from a step on (a published failslow plan)."""
+
+    version: int = 0
+    shares: tuple[int, ...] | None = None  # micro-batches per data-parallel index
+    comm_names: tuple[tuple[str, str], ...] = ()  # layout comm -> re-created comm (new order)
+
+
 @dataclass(slots=True)
 class _Rank:
     rank: int
@@ -79,6 +88,8 @@ class _Rank:
     inflight_reported: bool = False
     dead: bool = False
     spike: tuple[int, int] | None = None  # (step, op index) of a noise spike
+    epoch: int = 0  # bumped by a restart: events of an earlier epoch are dropped
+    restarting: bool = False
 
 
 class Simulation:
@@ -112,7 +123,7 @@ class Simulation:
         self.offset_ns = (self.rng.uniform(-off, off, layout.n_hosts) * 1e9).astype(np.int64)
         self.ranks = [_Rank(r, layout.host_index(r)) for r in range(n)]
         self.arrivals: dict[tuple[str, int], dict[int, tuple[float, tuple[Any, ...]]]] = {}
-        self.heap: list[tuple[float, int, int]] = []
+        self.heap: list[tuple[float, int, int, int]] = []
         self.out: list[tuple[float, int, int, tuple[Any, ...]]] = []  # (emit_t, tie, host, record)
         self._tie = 0
         self.now = 0.0
@@ -120,13 +131,21 @@ class Simulation:
         self.host_dead_at: dict[int, float] = {}
         self.fault_onset: dict[int, float] = {}  # fault index -> sim time its first step began
         self.fault_end: dict[int, float] = {}
+        # Closed loop: plans the job follows, from a step on; comms re-created in a new ring
+        # order (a re-plan makes NCCL build a new communicator, under a new id); hosts replaced
+        # by a spare after an isolation + restart (the spare reports under the same name).
+        self.plans: list[tuple[int, PlanState]] = [(0, PlanState())]
+        self.extra_comms: dict[str, CommSpec] = {}
+        self.replaced: set[str] = set()
+        self.restarts: list[tuple[float, int]] = []  # (sim time, resume step)
+        self.restart_epoch = 0
         for r in self.ranks:
             self._push(0.0, r.rank)
 
     # -- helpers -------------------------------------------------------------------------------
     def _push(self, t: float, rank: int) -> None:
         self._tie += 1
-        heapq.heappush(self.heap, (t, self._tie, rank))
+        heapq.heappush(self.heap, (t, self._tie, rank, self.ranks[rank].epoch))
 
     def _emit(self, t: float, host: int, record: tuple[Any, ...]) -> None:
         self._tie += 1
@@ -135,10 +154,15 @@ class Simulation:
     def ns(self, t: float, host: int) -> int:
         return self.t0_ns + int(round(t * 1e9)) + int(self.offset_ns[host])
 
+    def _gone(self, fault: Fault) -> bool:
+        """The fault's hardware left the job (its host was replaced after an isolation)."""
+        hosts = set(fault.hosts) | {self.layout.host(r) for r in fault.ranks}
+        return bool(hosts) and hosts <= self.replaced
+
     def _compute_factor(self, rank: int, host: str, step: int) -> float:
         f = 1.0
         for fault in self.faults:
-            if not fault.active(step):
+            if not fault.active(step) or self._gone(fault):
                 continue
             hits = (
                 (fault.kind == "slow_gpu" and rank in fault.ranks)
@@ -151,6 +175,8 @@ class Simulation:
 
     def _stuck(self, rank: int, host: str, step: int) -> bool:
         for fault in self.faults:
+            if self._gone(fault):
+                continue
             if fault.kind == "hang" and rank in fault.ranks and fault.active(step):
                 return True
             if fault.kind == "dead_host" and host in fault.hosts and fault.active(step):
@@ -164,7 +190,7 @@ class Simulation:
         bw_a = bw_b = self.net.nic_bytes_s
         pair = 1.0
         for fault in self.faults:
-            if not fault.active(step):
+            if not fault.active(step) or self._gone(fault):
                 continue
             if fault.kind == "slow_nic":
                 if hosts[a] in fault.hosts:
@@ -191,11 +217,106 @@ class Simulation:
             t *= math.exp(self.rng.normal(0, self.noise.net_jitter))
         return t
 
+    # -- the closed loop: plans, re-created comms, restarts ---------------------------------------
+    def plan_at(self, step: int) -> PlanState:
+        for start, plan in reversed(self.plans):
+            if start <= step:
+                return plan
+        return self.plans[0][1]
+
+    def comm_spec(self, name: str) -> CommSpec:
+        return self.extra_comms.get(name) or self.layout.comm(name)
+
+    def comms(self) -> list[CommSpec]:
+        """Every communicator the job has created so far (re-created ones included)."""
+        return [*self.layout.comms, *self.extra_comms.values()]
+
+    def comms_of_host(self, host: str) -> list[CommSpec]:
+        mine = set(self.layout.ranks_of_host(host))
+        return [c for c in self.comms() if mine & set(c.ranks)]
+
+    def next_boundary(self) -> int:
+        """The first step no rank has started yet: where a new plan can take effect."""
+        return max(r.step for r in self.ranks) + 1
+
+    def apply_plan(
+        self,
+        *,
+        version: int,
+        shares: tuple[int, ...] | None = None,
+        rank_order: dict[str, tuple[int, ...]] | None = None,
+        excluded_hosts: tuple[str, ...] = (),
+        restart_epoch: int = 0,
+        restart_s: float = 30.0,
+    ) -> int:
+        """Follow a published plan from the next step boundary; returns that step.
+
+        Shares change each data-parallel replica's micro-batches; a new ring order re-creates
+        the communicator (new id, new order, so its ring crosses other links); a higher restart
+        epoch restarts the job after ``restart_s`` with excluded hosts replaced by spares.
+        """
+        if shares is not None and len(shares) != self.layout.dp:
+            raise ValueError(f"{len(shares)} shares for {self.layout.dp} data-parallel ranks")
+        names = dict(self.plans[-1][1].comm_names)
+        for comm, order in (rank_order or {}).items():
+            base = comm.split("~", 1)[0]
+            if base not in {c.comm for c in self.layout.comms}:
+                continue
+            spec = self.layout.comm(base)
+            if sorted(order) != sorted(spec.ranks):
+                raise ValueError(f"rank order for {comm} is not a permutation of its members")
+            new = f"{base}~v{version}"
+            self.extra_comms[new] = CommSpec(new, spec.kind, tuple(order))
+            names[base] = new
+        plan = PlanState(
+            version=version,
+            shares=tuple(shares) if shares is not None else self.plans[-1][1].shares,
+            comm_names=tuple(sorted(names.items())),
+        )
+        if restart_epoch > self.restart_epoch:
+            self.restart_epoch = restart_epoch
+            step = self.restart(excluded_hosts, restart_s)
+        else:
+            step = self.next_boundary()
+        self.plans.append((step, plan))
+        return step
+
+    def restart(self, excluded_hosts: tuple[str, ...], pause_s: float) -> int:
+        """Stop every rank now, replace the excluded hosts, resume after ``pause_s`` (checkpoint
+        reload) at the next step number (the lost work is in the pause)."""
+        t = self.now
+        resume = self.next_boundary()
+        self.replaced |= set(excluded_hosts)
+        for h in excluded_hosts:
+            if h in self.layout.hosts:
+                self.host_dead_at.pop(self.layout.hosts.index(h), None)
+        seqs: dict[str, int] = {}
+        for r in self.ranks:
+            for comm, n in r.seq.items():
+                seqs[comm] = max(seqs.get(comm, 0), n)
+        self.arrivals.clear()
+        for r in self.ranks:
+            r.epoch += 1
+            r.seq = dict(seqs)
+            r.blocked = None
+            r.dead = False
+            r.ops, r.pc = [], 0
+            r.spike = None
+            r.step = resume - 1
+            r.restarting = True
+            self._push(t + pause_s, r.rank)
+        self.restarts.append((t, resume))
+        return resume
+
     # -- programs ------------------------------------------------------------------------------
-    def _program(self, rank: int) -> list[tuple[Any, ...]]:
+    def _program(self, rank: int, step: int = 0) -> list[tuple[Any, ...]]:
         lay, w = self.layout, self.work
         t, d, stage = lay.coords(rank)
+        plan = self.plan_at(step)
+        names = dict(plan.comm_names)
         tp_comm = lay.tp_comm(rank)
+        tp_comm = names.get(tp_comm, tp_comm) if tp_comm else None
+        mbs = plan.shares[d] if plan.shares is not None else w.microbatches
         ops: list[tuple[Any, ...]] = []
 
         def chunk(seconds: float) -> None:
@@ -204,7 +325,7 @@ class Simulation:
                 if tp_comm:
                     ops.append(("coll", tp_comm, "allreduce", w.tp_bytes))
 
-        for _ in range(w.microbatches):
+        for _ in range(mbs):
             if stage > 0:
                 ops.append(
                     (
@@ -220,7 +341,7 @@ class Simulation:
                 ops.append(
                     ("p2p", lay.pp_comm(rank, stage), "send", w.pp_bytes, lay.rank(t, d, stage + 1))
                 )
-        for _ in range(w.microbatches):
+        for _ in range(mbs):
             if stage < lay.pp - 1:
                 ops.append(
                     ("p2p", lay.pp_comm(rank, stage), "recv", w.pp_bytes, lay.rank(t, d, stage + 1))
@@ -237,6 +358,7 @@ class Simulation:
                     )
                 )
         dp_comm = lay.dp_comm(rank)
+        dp_comm = names.get(dp_comm, dp_comm) if dp_comm else None
         if dp_comm:
             for _ in range(w.dp_buckets):
                 ops.append(("coll", dp_comm, "allreduce", w.dp_bytes // w.dp_buckets))
@@ -245,7 +367,9 @@ class Simulation:
 
     def _next_step(self, r: _Rank, t: float) -> bool:
         """Start the rank's next step at time t; False when the run is over for it."""
-        if r.step >= 0:
+        if r.restarting:
+            r.restarting = False
+        elif r.step >= 0:
             self._emit(
                 t, r.host, ("s", r.rank, r.step, self.ns(r.step_start, r.host), self.ns(t, r.host))
             )
@@ -258,7 +382,7 @@ class Simulation:
                 self.fault_onset[i] = t
             if fault.end_step is not None and r.step == fault.end_step and i not in self.fault_end:
                 self.fault_end[i] = t
-        r.ops = self._program(r.rank)
+        r.ops = self._program(r.rank, r.step)
         r.pc = 0
         r.step_start = t
         ck = self.noise.checkpoint_every
@@ -272,8 +396,9 @@ class Simulation:
     # -- execution -----------------------------------------------------------------------------
     def run_until(self, t_end: float) -> None:
         while self.heap and self.heap[0][0] <= t_end:
-            t, _, rank = heapq.heappop(self.heap)
-            self._advance(self.ranks[rank], t)
+            t, _, rank, epoch = heapq.heappop(self.heap)
+            if epoch == self.ranks[rank].epoch:
+                self._advance(self.ranks[rank], t)
         self.now = max(self.now, t_end)
 
     def _advance(self, r: _Rank, t: float) -> None:
@@ -313,7 +438,7 @@ class Simulation:
         r.blocked = (comm, seq, op[2], op[3], t, peer)
         r.inflight_reported = False
         key = (comm, seq)
-        members = self.layout.comm(comm).ranks
+        members = self.comm_spec(comm).ranks
         got = self.arrivals.setdefault(key, {})
         got[r.rank] = (t, op)
         if len(got) < len(members):

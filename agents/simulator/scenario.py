@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -48,15 +48,21 @@ class Scenario:
             {"rank": r, "gpu": lay.gpu(r), "world_size": lay.world} for r in lay.ranks_of_host(host)
         ]
 
-    def host_comms(self, host: str) -> list[dict[str, Any]]:
-        return [
-            {"comm": c.comm, "kind": c.kind, "ranks": list(c.ranks)}
-            for c in self.layout.comms_of_host(host)
-        ]
+    def host_comms(self, host: str, sim: Simulation | None = None) -> list[dict[str, Any]]:
+        comms = sim.comms_of_host(host) if sim is not None else self.layout.comms_of_host(host)
+        return [{"comm": c.comm, "kind": c.kind, "ranks": list(c.ranks)} for c in comms]
 
     # -- envelopes -------------------------------------------------------------------------------
-    def envelopes(self, sim: Simulation | None = None) -> Iterator[dict[str, Any]]:
-        """Envelopes in send order, one per live host per ``batch_s`` (heartbeats when idle)."""
+    def envelopes(
+        self,
+        sim: Simulation | None = None,
+        on_batch: Callable[[Simulation, float], None] | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Envelopes in send order, one per live host per ``batch_s`` (heartbeats when idle).
+
+        ``on_batch(sim, t)`` runs after the consumer took a batch's last envelope: the closed
+        loop uses it to read the service's plan and make the simulated job follow it.
+        """
         sim = sim or self.simulation()
         lay = self.layout
         t = 0.0
@@ -80,10 +86,12 @@ class Scenario:
                     "host": name,
                     "sent_ns": sim.ns(t, h),
                     "ranks": self.host_ranks(name),
-                    "comms": self.host_comms(name),
+                    "comms": self.host_comms(name, sim),
                     "collectives": colls,
                     "steps": steps,
                 }
+            if on_batch is not None:
+                on_batch(sim, t)
             if sim.done:
                 return
             if sim.stalled and not sim.out:

@@ -33,7 +33,9 @@ CULPRIT_KINDS = ("slow_gpu", "slow_node", "slow_link")
 
 # -- the service -----------------------------------------------------------------------------------
 class Service:
-    def __init__(self, url: str | None, workdir: Path) -> None:
+    def __init__(
+        self, url: str | None, workdir: Path, env_extra: dict[str, str] | None = None
+    ) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
         if url is None:
             import socket
@@ -46,6 +48,7 @@ class Service:
                 {
                     "FAILSLOW_DATABASE_URL": f"sqlite:///{workdir}/eval.db",
                     "FAILSLOW_DETECTION__INTERVAL_S": "0.2",
+                    **(env_extra or {}),
                 }
             )
             log = open(workdir / "service.log", "wb")  # noqa: SIM115
@@ -367,7 +370,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", help="run scenarios whose name contains this")
     ap.add_argument("--skip-real", action="store_true", help="skip the OSDI'25 traces and TCPD")
     ap.add_argument("--json", default=str(ROOT / "bench" / "results" / "eval.json"))
-    args = ap.parse_args(argv)
+    ap.add_argument(
+        "--mitigation",
+        action="store_true",
+        help="run the closed-loop mitigation scenarios instead (bench/eval/mitigation.py)",
+    )
+    args, rest = ap.parse_known_args(argv)
+    if args.mitigation:
+        from bench.eval import mitigation
+
+        return mitigation.main(rest, service=args.service, only=args.only)
+    if rest:
+        ap.error(f"unrecognised arguments: {' '.join(rest)}")
     work = Path(tempfile.mkdtemp(prefix="failslow-eval-"))
     svc = Service(args.service, work)
     results: list[Scored] = []

@@ -34,8 +34,10 @@ def spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[b
         return subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT)
 
 
-def start_service(port: int, db: Path, log: Path) -> subprocess.Popen[bytes]:
-    proc = spawn(CLI + ["serve", "--port", str(port)], env_for(db), log)
+def start_service(
+    port: int, db: Path, log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    proc = spawn(CLI + ["serve", "--port", str(port)], env or env_for(db), log)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
