@@ -130,6 +130,22 @@ class PlanClient:
                 log.exception("failslow: plan callback failed")
         return plan
 
+    def ack(self, plan: Plan, step: int) -> bool:
+        """Tell the service the job runs ``plan`` from ``step`` on (call it when applying it):
+        detectors then judge each rank by its new share from exactly that step. Never raises."""
+        try:
+            r = self.http.post(
+                f"/v1/jobs/{self.job}/plan/ack", json={"version": plan.version, "step": step}
+            )
+        except httpx.HTTPError as exc:
+            self.errors += 1
+            log.debug("failslow: plan acknowledgement failed: %s", exc)
+            return False
+        if r.status_code != 200:
+            self.errors += 1
+            log.warning("failslow: plan acknowledgement got HTTP %s", r.status_code)
+        return r.status_code == 200
+
     # -- background ------------------------------------------------------------------------------
     def start(self, interval_s: float = 5.0) -> PlanClient:
         """Poll in a daemon thread; the loop picks the newest plan up with :meth:`take`."""

@@ -131,11 +131,25 @@ class JobPipeline:
         self._culprit_seen: deque[bool] = deque(maxlen=2)
         self.static_ratio = 1.0 + 5.0 * (compute_ratio - 1.0)
         self.work: np.ndarray | None = None  # per-slot work share (a rebalanced plan), 1 = equal
+        self._pending_work: tuple[int | None, np.ndarray | None] | None = None
 
-    def set_work(self, work: np.ndarray | None) -> None:
-        """Adopt a new plan's per-slot work shares: compute times are compared per unit of work,
-        and the job's baseline step time is learned afresh (the plan changed what is normal)."""
-        self.work = None if work is None else np.asarray(work, dtype=float)
+    def set_work(self, work: np.ndarray | None, *, from_index: int | None = None) -> None:
+        """Adopt a new plan's per-slot work shares from frame ``from_index`` on (the step at
+        which the job applied it; None = the next frame): compute times are then compared per
+        unit of work, and the job's baseline step time is learned afresh (the plan changed
+        what is normal)."""
+        weights = None if work is None else np.asarray(work, dtype=float)
+        self._pending_work = (from_index, weights)
+
+    def _adopt_work(self, frame: Frame) -> None:
+        pending = self._pending_work
+        if pending is None:
+            return
+        from_index, weights = pending
+        if from_index is not None and frame.has_steps and frame.index < from_index:
+            return
+        self.work = weights
+        self._pending_work = None
         self.blocks.clear()
         self._block = []
 
@@ -203,6 +217,7 @@ class JobPipeline:
         self.shape = shape
         n_comms = shape.comm_kind.size
         self._ensure(frame.n, n_comms)
+        self._adopt_work(frame)
         work = self.work if self.work is not None and self.work.size == frame.n else None
         scores = self.detector.score(frame, shape.groups, work)
         nodes = node_scores(
@@ -773,6 +788,17 @@ class JobPipeline:
             if np.isfinite(base) and base > 0 and np.isfinite(now)
             else None,
         }
+
+    def frame_times(self, *, since_index: int | None = None, last: int = 10) -> list[float]:
+        """Step times of the newest ``last`` frames with step number >= ``since_index``."""
+        pos = self._positions(self.count - self.h)
+        keep = [
+            float(self.f_time[p])
+            for p in pos
+            if np.isfinite(self.f_time[p])
+            and (since_index is None or self.f_index[p] >= since_index)
+        ]
+        return keep[-last:]
 
     def rank_view(self) -> tuple[np.ndarray, np.ndarray]:
         """Per slot ``(score, lateness_s)`` over the recent window: 1.0 = typical speed."""

@@ -84,6 +84,9 @@ class JobShape:
     edges: np.ndarray = field(
         default_factory=lambda: np.zeros((0, 2), np.int64)
     )  # edge id -> hosts
+    # (n_comms,) an earlier comm with the same kind and members (re-created in a new ring
+    # order), whose history the comm inherits; -1 for none
+    comm_parent: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     @property
     def n_hosts(self) -> int:

@@ -59,6 +59,7 @@ def rank_main(
                 for r in range(args.ranks):
                     pending[r] = plan.microbatches(r, default=args.microbatches)
                 switch_at.value = step + LEAD
+                plans.ack(plan, step + LEAD)  # detectors judge each rank by its share from then
                 print(f"step {step}: plan v{plan.version} shares {list(pending)}", flush=True)
         started = time.monotonic()
         with rec.step(rank=rank, step=step):

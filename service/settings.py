@@ -230,8 +230,22 @@ class ActionsSettings(BaseModel):
     min_gain: float = Field(
         default=0.05, ge=0, le=1, description="Least predicted recovery for rebalance."
     )
-    outcome_after_s: float = Field(
-        default=20.0, gt=0, description="Event time after execution before an outcome is measured."
+    outcome_steps: int = Field(
+        default=10,
+        ge=2,
+        description="Steps after an executed action before its outcome is measured.",
+    )
+    plan_ack_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="A plan with new shares the job has not acknowledged (POST .../plan/ack) "
+        "within this many seconds is assumed applied.",
+    )
+    outcome_timeout_s: float = Field(
+        default=900.0,
+        gt=0,
+        description="Event time after which an action whose job made no progress is recorded "
+        "as having recovered nothing.",
     )
     webhook_url: str = Field(default="", description="Receiver of the `webhook` actuator.")
     webhook_secret: str = Field(default="", description="HMAC-SHA256 key of webhook bodies.")

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import orjson
 
-from agents.plan import PlanClient
+from agents.plan import Plan, PlanClient
 from agents.simulator.engine import Simulation
 from agents.simulator.scenario import Scenario
 
@@ -56,6 +56,7 @@ class LoopResult:
         }
         if before and during and after and during > before:
             out["recovered"] = (during - after) / (during - before)
+        out["resumed"] = after is not None
         return out
 
 
@@ -66,14 +67,21 @@ def run(
     global_batch: int | None = None,
     restart_s: float = 30.0,
     operator: Operator | None = None,
+    ack: bool = True,
 ) -> LoopResult:
-    """Stream ``scenario`` into the service at ``http`` (base URL set) and close the loop."""
+    """Stream ``scenario`` into the service at ``http`` (base URL set) and close the loop.
+
+    ``ack``: acknowledge each plan with the step the simulation applies it from (as
+    :meth:`agents.plan.PlanClient.ack`); without it the service assumes the plan applied after
+    its acknowledgement timeout.
+    """
     job = scenario.job
     sim = scenario.simulation()
     plans = PlanClient("", job, client=http, global_batch=global_batch)
     steps: dict[int, list[float]] = defaultdict(list)
     result = LoopResult(job=job, step_time={})
     decided: set[str] = set()
+    last = [Plan()]
 
     def on_batch(s: Simulation, _t: float) -> None:
         http.post(f"/v1/jobs/{job}/evaluate").raise_for_status()
@@ -94,6 +102,13 @@ def run(
             http.post(f"/v1/jobs/{job}/evaluate").raise_for_status()
         plan = plans.poll()
         if plan is not None:
+            prev = last[0]
+            effective = (
+                plan.microbatch_shares != prev.microbatch_shares
+                or plan.rank_order != prev.rank_order
+                or plan.restart_epoch > prev.restart_epoch
+            )
+            last[0] = plan
             start = s.apply_plan(
                 version=plan.version,
                 shares=plan.microbatch_shares,
@@ -102,7 +117,10 @@ def run(
                 restart_epoch=plan.restart_epoch,
                 restart_s=restart_s,
             )
-            result.applied.append((start, plan.version))
+            if effective:  # an isolation alone changes nothing until the restart
+                result.applied.append((start, plan.version))
+            if ack:
+                plans.ack(plan, start)
 
     for env in scenario.envelopes(sim, on_batch):
         for st in env["steps"]:
@@ -113,6 +131,8 @@ def run(
             headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
         )
         r.raise_for_status()
+        if r.json()["rejected"]:
+            raise RuntimeError(f"the service rejected records: {r.json()['rejected'][:3]}")
     http.post(f"/v1/jobs/{job}/flush").raise_for_status()
     http.post(f"/v1/jobs/{job}/evaluate").raise_for_status()
     result.step_time = {k: statistics.median(v) for k, v in sorted(steps.items())}

@@ -259,13 +259,13 @@ class Simulation:
             raise ValueError(f"{len(shares)} shares for {self.layout.dp} data-parallel ranks")
         names = dict(self.plans[-1][1].comm_names)
         for comm, order in (rank_order or {}).items():
-            base = comm.split("~", 1)[0]
+            base = comm.split("@v", 1)[0]
             if base not in {c.comm for c in self.layout.comms}:
                 continue
             spec = self.layout.comm(base)
             if sorted(order) != sorted(spec.ranks):
                 raise ValueError(f"rank order for {comm} is not a permutation of its members")
-            new = f"{base}~v{version}"
+            new = f"{base}@v{version}"
             self.extra_comms[new] = CommSpec(new, spec.kind, tuple(order))
             names[base] = new
         plan = PlanState(

@@ -70,6 +70,8 @@ def upgrade() -> None:
         sa.Column("reason", sa.Text(), nullable=False),
         sa.Column("action_id", sa.String(40), nullable=True, unique=True),
         sa.Column("created_ns", sa.BigInteger(), nullable=False),
+        sa.Column("applied_step", sa.Integer(), nullable=True),
+        sa.Column("applied_ns", sa.BigInteger(), nullable=True),
     )
     op.create_table(
         "job_workloads",

@@ -9,7 +9,6 @@ even with several service processes or a crash in the middle.
 from __future__ import annotations
 
 import logging
-import math
 import statistics
 import threading
 import time
@@ -118,6 +117,7 @@ class Mitigation:
         self.clock = clock
         self.actuators = build_actuators(settings, self._publish)
         self._lock = threading.Lock()  # one pass at a time in this process
+        self._adopted: dict[str, int] = {}  # job -> plan version the detectors follow
         self.budgets = policy.Budgets(
             costs_s=dict(settings.costs_s),
             max_isolations_per_hour=settings.max_isolations_per_hour,
@@ -171,10 +171,49 @@ class Mitigation:
                 log.exception("mitigation pass failed for job %s", job)
 
     def run_job(self, job: str) -> None:
+        if not self.settings.enabled:
+            return
         with self._lock:
             self._decide(job)
             self._execute(job)
+            self._adopt_unacknowledged(job)
             self._measure(job)
+
+    # -- plans the job applies -------------------------------------------------------------
+    def acknowledged(self, job: str, version: int, step: int) -> None:
+        """The job applies plan ``version`` from ``step``: detectors follow from that step."""
+        with session_scope(self.sessions) as s:
+            row = plans.version(s, job=job, version=version)
+            shares = (row.body or {}).get("microbatch_shares") if row is not None else None
+        state = self.jobs.get(job)
+        if shares and state is not None:
+            self.detection.set_plan_shares(state, list(shares), from_step=step)  # type: ignore[arg-type]
+            self._adopted[job] = version
+
+    def _adopt_unacknowledged(self, job: str) -> None:
+        """A plan with new shares the job never acknowledged is assumed applied after
+        ``plan_ack_timeout_s``: comparing compute against shares it no longer runs would
+        make its healthy ranks look slow."""
+        with session_scope(self.sessions) as s:
+            version, body, created = plans.current(s, job=job)
+            row = plans.version(s, job=job, version=version) if version else None
+            acked = row is not None and row.applied_step is not None
+        shares = body.get("microbatch_shares")
+        if not shares or acked or self._adopted.get(job) == version:
+            return
+        if self.clock() - created < self.settings.plan_ack_timeout_s * 1e9:
+            return
+        state = self.jobs.get(job)
+        if state is None:
+            return
+        log.warning(
+            "job %s did not acknowledge plan v%s within %.0f s; assuming it applies it now",
+            job,
+            version,
+            self.settings.plan_ack_timeout_s,
+        )
+        self.detection.set_plan_shares(state, list(shares))
+        self._adopted[job] = version
 
     def execute_when_ready(self, job: str) -> None:
         """Execute a job's approved actions now (after an operator's approval)."""
@@ -333,6 +372,16 @@ class Mitigation:
         event_ns = state.watermark_ns if state is not None else 0
         rt = self.detection.peek(request.job)
         frames = rt.frames if rt is not None else 0
+        baseline: dict[str, Any] = {}
+        if rt is not None:
+            # the step time the action is up against: recent steps since the fault began
+            with rt.lock:
+                since = self._onset_step(request.incident)
+                during = rt.pipeline.frame_times(since_index=since, last=10)
+                baseline = {
+                    "exec_step": rt.pipeline.job_view()["step"],
+                    "step_time_during_s": round(statistics.median(during), 6) if during else None,
+                }
         actuator = self.actuators.get(actuator_name)
         started = time.perf_counter()
         if actuator is None:
@@ -343,7 +392,7 @@ class Mitigation:
         self.metrics.actuator_seconds.labels(actuator_name).observe(time.perf_counter() - started)
         if ok and not request.dry_run:
             result.update(self._effects(request))
-        result.update({"event_ns": event_ns, "frames": frames})
+        result.update({"event_ns": event_ns, "frames": frames, **baseline})
         with session_scope(self.sessions) as s:
             row = actions.get_action(s, action_id=action_id)
             assert row is not None
@@ -352,6 +401,13 @@ class Mitigation:
         self.metrics.actions.labels(request.kind, final).inc()
         log.info("action %s %s: %s", action_id, final, result)
         return final
+
+    def _onset_step(self, incident_id: str | None) -> int | None:
+        if incident_id is None:
+            return None
+        with session_scope(self.sessions) as s:
+            row = incidents.get_incident(s, incident_id=incident_id)
+            return row.onset_step if row is not None else None
 
     def _publish(self, request: ActionRequest) -> dict[str, Any]:
         """The plan actuator's effect: the new plan version for a rebalance or re-plan."""
@@ -381,8 +437,6 @@ class Mitigation:
     def _effects(self, request: ActionRequest) -> dict[str, Any]:
         """What failslow itself does once an action succeeded (whatever its actuator)."""
         state = self.jobs.get(request.job)
-        if request.kind == "rebalance" and state is not None:
-            self.detection.set_plan_shares(state, list(request.params["microbatch_shares"]))
         if request.kind == "isolate":
             with session_scope(self.sessions) as s:
                 _, plan, _ = plans.current(s, job=request.job)
@@ -406,14 +460,17 @@ class Mitigation:
 
     # -- outcomes ------------------------------------------------------------------------------
     def _measure(self, job: str) -> None:
-        """Step time after an action vs before the fault and during it; the pause it cost."""
+        """Step time after an action vs before the fault and during it; what the action cost.
+
+        Measured once ``outcome_steps`` steps have completed after the execution: the median of
+        the newest of them (skipping two settling steps) against the fault-free baseline and
+        the step time during the fault, both taken when the action was decided and executed.
+        ``cost_s`` is the event time the job did not spend stepping at its new speed (a
+        restart's pause, a plan's pick-up delay); it becomes the learned cost of that kind.
+        """
         state = self.jobs.get(job)
         rt = self.detection.peek(job)
         if state is None or rt is None:
-            return
-        view = rt.pipeline.job_view()
-        after = view.get("step_time_s")
-        if after is None or math.isnan(float(after)):
             return
         with session_scope(self.sessions) as s:
             rows = [
@@ -424,27 +481,41 @@ class Mitigation:
             for a in rows:
                 res = a.result or {}
                 event_ns = int(res.get("event_ns") or 0)
-                if (
-                    not event_ns
-                    or state.watermark_ns - event_ns < self.settings.outcome_after_s * 1e9
-                ):
+                if not event_ns:
                     continue
-                before = a.params.get("baseline_step_time_s")
-                during = a.params.get("job_step_time_s")
                 elapsed = (state.watermark_ns - event_ns) / 1e9
                 steps = rt.frames - int(res.get("frames") or 0)
+                if steps < self.settings.outcome_steps:
+                    if elapsed >= self.settings.outcome_timeout_s:
+                        a.outcome = {
+                            "recovered": 0.0,
+                            "steps": steps,
+                            "measured_over_s": round(elapsed, 3),
+                            "note": "the job made no progress after the action",
+                        }
+                    continue
+                exec_step = res.get("exec_step")
+                with rt.lock:
+                    recent = rt.pipeline.frame_times(
+                        since_index=int(exec_step) + 3 if exec_step is not None else None, last=8
+                    )
+                if not recent:
+                    continue
+                after = statistics.median(recent)
+                before = a.params.get("baseline_step_time_s")
+                during = res.get("step_time_during_s") or a.params.get("job_step_time_s")
                 outcome: dict[str, Any] = {
                     "step_time_before_s": before,
                     "step_time_during_s": during,
-                    "step_time_after_s": float(after),
+                    "step_time_after_s": round(after, 6),
                     "measured_over_s": round(elapsed, 3),
                     "steps": steps,
-                    "cost_s": round(max(0.0, elapsed - steps * float(after)), 3),
+                    "cost_s": round(max(0.0, elapsed - steps * after), 3),
                 }
                 if a.params.get("incident_kind") == "hang":
                     # a hung job makes no progress: recovery is whether it steps again
-                    outcome["recovered"] = 1.0 if steps > 0 else 0.0
-                elif before and during and during > before:
-                    outcome["recovered"] = round((during - float(after)) / (during - before), 3)
+                    outcome["recovered"] = 1.0
+                elif before and during and during > before * 1.01:
+                    outcome["recovered"] = round((during - after) / (during - before), 3)
                 a.outcome = outcome
                 log.info("action %s outcome: %s", a.id, outcome)

@@ -183,29 +183,30 @@ def plan_rebalance(incident: IncidentView, job: JobView) -> tuple[list[int], flo
 
 def plan_replan(incident: IncidentView, job: JobView) -> tuple[dict[str, list[int]], str] | None:
     orders: dict[str, list[int]] = {}
-    edges = list(incident.edges)
-    if not edges and len(incident.hosts) == 2:
-        edges = [(incident.hosts[0], incident.hosts[1])]
-    if edges:
-        for comm, order in job.rings.items():
-            new = avoid_edges(order, job.host_of, edges)
-            if new is not None:
-                orders[comm] = new
-        pairs = ", ".join(f"{a}-{b}" for a, b in edges)
-        what = (
-            f"keeps {pairs} out of adjacent ring positions in {len(orders)} comm(s)"
-            if len(edges) == 1
-            else f"avoids all {len(edges)} candidate links ({pairs}) in {len(orders)} comm(s)"
-        )
-    elif len(incident.hosts) == 1:
+    if len(incident.hosts) == 1:
+        # one slow NIC: every ring through the host crosses it; only fewer crossings help
         host = incident.hosts[0]
         for comm, order in job.rings.items():
             new = group_host(order, job.host_of, host)
             if new is not None:
                 orders[comm] = new
         what = f"makes {len(orders)} ring(s) cross {host}'s NIC only twice (in and out)"
-    else:
+        return (orders, what) if orders else None
+    edges = list(incident.edges)
+    if not edges and len(incident.hosts) == 2:
+        edges = [(incident.hosts[0], incident.hosts[1])]
+    if not edges:
         return None
+    for comm, order in job.rings.items():
+        new = avoid_edges(order, job.host_of, edges)
+        if new is not None:
+            orders[comm] = new
+    pairs = ", ".join(f"{a}-{b}" for a, b in edges)
+    what = (
+        f"keeps {pairs} out of adjacent ring positions in {len(orders)} comm(s)"
+        if len(edges) == 1
+        else f"avoids all {len(edges)} candidate links ({pairs}) in {len(orders)} comm(s)"
+    )
     return (orders, what) if orders else None
 
 
@@ -322,8 +323,13 @@ def decide(
             return step
     if _done(history, incident, "isolate"):
         return Decision((), "; ".join(notes + ["isolation already decided for this incident"]))
-    if incident.kind == "slow_link" and len(incident.hosts) == 2:
-        return Decision((), "; ".join(notes + ["a slow host pair is not isolated (which end?)"]))
+    if incident.kind == "slow_link" and len(incident.hosts) != 1:
+        why = (
+            "a slow host pair is not isolated (which end?)"
+            if len(incident.hosts) == 2
+            else f"the slow link is one of {len(incident.hosts)} hosts' links: not isolated"
+        )
+        return Decision((), "; ".join([*notes, why]))
     restart_cost, source = cost_of("restart", history, budgets)
     if lost < restart_cost:
         return Decision(

@@ -103,13 +103,16 @@ class DetectionEngine:
                     self._runtimes[job] = rt
         return rt
 
-    def set_plan_shares(self, state: JobState, shares: list[int] | None) -> None:
-        """A plan with new micro-batch shares was published: compare compute per unit of work."""
+    def set_plan_shares(
+        self, state: JobState, shares: list[int] | None, *, from_step: int | None = None
+    ) -> None:
+        """The job applies a plan with new micro-batch shares from ``from_step``: from that
+        step on, compare compute per unit of work."""
         rt = self.runtime(state.job)
         with rt.lock:
             with state.lock:
                 weights = work_weights(state.topology, shares)
-            rt.pipeline.set_work(weights)
+            rt.pipeline.set_work(weights, from_index=from_step)
             rt.shares = list(shares) if shares else None
 
     def peek(self, job: str) -> JobRuntime | None:
@@ -245,10 +248,10 @@ class DetectionEngine:
             )
             rt.open[(kind, key_subject)] = row.id
         with session_scope(self.sessions) as s:
-            _, plan, _ = plans.current(s, job=state.job)
-        shares = plan.get("microbatch_shares")
-        if shares:
-            rt.pipeline.set_work(work_weights(topo, shares))
+            applied = plans.applied_shares(s, job=state.job)
+        if applied is not None:  # the shares the job runs under, from the step it said
+            shares, step = applied
+            rt.pipeline.set_work(work_weights(topo, shares), from_index=step)
             rt.shares = list(shares)
         rt.seeded = True
 
@@ -356,14 +359,14 @@ class DetectionEngine:
                 )
                 .order_by(Action.created_ns)
             ).all()
-            verb = f"Mitigated by {' + '.join(dict.fromkeys(fixed))}" if fixed else "Recovered"
+            verb = f"Cleared after {' + '.join(dict.fromkeys(fixed))}" if fixed else "Recovered"
             at = (
                 f" {verb} by step {f.detected_index}."
                 if f.detected_index is not None
                 else f" {verb}."
             )
             if fixed:
-                row.evidence = {**row.evidence, "mitigated_by": list(dict.fromkeys(fixed))}
+                row.evidence = {**row.evidence, "cleared_after": list(dict.fromkeys(fixed))}
             row.summary = row.summary.rstrip(".") + "." + at
             rt.open.pop(key, None)
             self.metrics.resolved.labels(f.kind).inc()

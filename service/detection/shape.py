@@ -51,6 +51,15 @@ def job_shape(topo: Topology) -> JobShape:
     edge_id: dict[tuple[int, int], int] = {}
     ch = [(i, h) for i, hs in enumerate(comm_hosts) for h in hs]
     ce = [(i, edge_id.setdefault(e, len(edge_id))) for i, es in enumerate(comm_edges) for e in es]
+    # A communicator re-created with the same members (a re-plan changes only its ring order)
+    # inherits its predecessor's history: the newest earlier comm with the same kind and members.
+    parent = np.full(len(comms), -1, dtype=np.int64)
+    seen: dict[tuple[str, tuple[int, ...]], int] = {}
+    for c in comms:
+        key = (c.kind, tuple(sorted(c.ranks)))
+        if key in seen:
+            parent[c.index] = seen[key]
+        seen[key] = c.index
     ch_arr = np.array(ch, dtype=np.int64).reshape(-1, 2)
     ce_arr = np.array(ce, dtype=np.int64).reshape(-1, 2)
     return JobShape(
@@ -67,6 +76,7 @@ def job_shape(topo: Topology) -> JobShape:
         ce_comm=ce_arr[:, 0],
         ce_edge=ce_arr[:, 1],
         edges=np.array(sorted(edge_id, key=edge_id.__getitem__), dtype=np.int64).reshape(-1, 2),
+        comm_parent=parent,
     )
 
 

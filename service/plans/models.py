@@ -22,6 +22,9 @@ class PlanVersion(Base):
     # The action that published it: unique, so re-executing one action cannot publish twice.
     action_id: Mapped[str | None] = mapped_column(String(40), unique=True)
     created_ns: Mapped[int] = mapped_column(BigInteger)
+    # The training job's acknowledgement: the step from which it runs this version.
+    applied_step: Mapped[int | None] = mapped_column(Integer)
+    applied_ns: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class JobWorkload(Base):

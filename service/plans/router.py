@@ -16,7 +16,14 @@ from service.jobs import service as jobs_db
 from service.jobs import views
 from service.jobs.schemas import JobSummary
 from service.plans import service as plans
-from service.plans.schemas import PlanOut, PlanVersionOut, WorkloadIn, WorkloadOut, plan_out
+from service.plans.schemas import (
+    PlanAck,
+    PlanOut,
+    PlanVersionOut,
+    WorkloadIn,
+    WorkloadOut,
+    plan_out,
+)
 
 router = APIRouter(prefix="/v1/jobs", tags=["plans"])
 JobId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")]
@@ -67,7 +74,8 @@ def get_plan(
     if _match(if_none_match, tag):
         return Response(status_code=304, headers=headers)
     response.headers.update(headers)
-    return plan_out(job, version, body, created)
+    row = plans.version(session, job=job, version=version) if version else None
+    return plan_out(job, version, body, created, row.applied_step if row is not None else None)
 
 
 @router.get(
@@ -81,9 +89,29 @@ def plan_history(job: JobId, session: SessionDep) -> list[PlanVersionOut]:
         raise NotFound(f"no job {job!r}")
     out = []
     for row in plans.history(session, job=job):
-        base = plan_out(job, row.version, {**plans.EMPTY, **row.body}, row.created_ns)
+        base = plan_out(
+            job, row.version, {**plans.EMPTY, **row.body}, row.created_ns, row.applied_step
+        )
         out.append(PlanVersionOut(**base.model_dump(), action=row.action_id))
     return out
+
+
+@router.post(
+    "/{job}/plan/ack",
+    response_model=PlanVersionOut,
+    dependencies=[Depends(_job_client_auth)],
+    summary="The training job says from which step it runs a plan version",
+)
+def ack_plan(job: JobId, body: PlanAck, ctx: CtxDep, session: SessionDep) -> PlanVersionOut:
+    row = plans.acknowledge(
+        session, job=job, version=body.version, step=body.step, now_ns=time.time_ns()
+    )
+    if row is None:
+        raise NotFound(f"no plan version {body.version} for job {job!r}")
+    session.commit()
+    ctx.mitigation.acknowledged(job, body.version, body.step)
+    base = plan_out(job, row.version, {**plans.EMPTY, **row.body}, row.created_ns, row.applied_step)
+    return PlanVersionOut(**base.model_dump(), action=row.action_id)
 
 
 @router.put(

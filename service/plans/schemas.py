@@ -22,10 +22,20 @@ class PlanOut(BaseModel):
     restart_epoch: int = Field(description="Grows with every restart failslow ordered.")
     reason: str
     created_ns: int
+    applied_step: int | None = Field(
+        default=None, description="The step from which the job said it runs this version."
+    )
 
 
 class PlanVersionOut(PlanOut):
     action: str | None = Field(description="The action that published this version.")
+
+
+class PlanAck(BaseModel):
+    """Sent by the training job when it applies a plan version (at a step boundary)."""
+
+    version: int = Field(ge=1)
+    step: int = Field(ge=0, description="The first step run under this version.")
 
 
 class WorkloadIn(BaseModel):
@@ -40,7 +50,13 @@ class WorkloadOut(WorkloadIn):
     updated_ns: int
 
 
-def plan_out(job: str, version: int, body: dict[str, Any], created_ns: int) -> PlanOut:
+def plan_out(
+    job: str,
+    version: int,
+    body: dict[str, Any],
+    created_ns: int,
+    applied_step: int | None = None,
+) -> PlanOut:
     return PlanOut(
         job=job,
         version=version,
@@ -51,4 +67,5 @@ def plan_out(job: str, version: int, body: dict[str, Any], created_ns: int) -> P
         restart_epoch=int(body.get("restart_epoch", 0)),
         reason=str(body.get("reason", "")),
         created_ns=created_ns,
+        applied_step=applied_step,
     )

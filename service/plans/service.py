@@ -13,6 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from service.errors import Conflict
 from service.plans.models import JobWorkload, PlanVersion
 
 EMPTY: dict[str, Any] = {
@@ -36,6 +37,10 @@ def current(session: Session, *, job: str) -> tuple[int, dict[str, Any], int]:
     if row is None:
         return 0, dict(EMPTY), 0
     return row.version, {**EMPTY, **row.body}, row.created_ns
+
+
+def version(session: Session, *, job: str, version: int) -> PlanVersion | None:
+    return session.get(PlanVersion, (job, version))
 
 
 def etag(job: str, version: int) -> str:
@@ -90,6 +95,38 @@ def publish(
             continue
         return version + 1, True
     raise RuntimeError(f"could not publish a plan for {job}: too many concurrent writers")
+
+
+def acknowledge(
+    session: Session, *, job: str, version: int, step: int, now_ns: int
+) -> PlanVersion | None:
+    """The job runs ``version`` from ``step`` on. Idempotent; a different step is a conflict."""
+    row = session.get(PlanVersion, (job, version))
+    if row is None:
+        return None
+    if row.applied_step is not None and row.applied_step != step:
+        raise Conflict(
+            f"plan version {version} of {job} was acknowledged from step {row.applied_step}"
+        )
+    row.applied_step, row.applied_ns = step, row.applied_ns or now_ns
+    return row
+
+
+def applied_shares(session: Session, *, job: str) -> tuple[list[int], int | None] | None:
+    """The micro-batch shares the job runs under and the step it applied them from.
+
+    The newest acknowledged version decides; a newer version that was never acknowledged is
+    assumed applied as well (with no step: from now), so that a job whose client does not
+    acknowledge is not compared against shares it no longer runs.
+    """
+    rows = history(session, job=job)
+    if not rows:
+        return None
+    newest = rows[-1]
+    shares = {**EMPTY, **newest.body}.get("microbatch_shares")
+    if not shares:
+        return None
+    return list(shares), newest.applied_step
 
 
 def history(session: Session, *, job: str) -> list[PlanVersion]:

@@ -100,3 +100,20 @@ def test_a_failing_callback_does_not_stop_polling(client: TestClient) -> None:
     _publish_rebalance(client, [3, 1])
     assert pc.poll() is not None and calls.is_set()
     assert pc.current.version == 1
+
+
+def test_ack_tells_the_service_from_which_step_a_plan_runs(client: TestClient) -> None:
+    pc = PlanClient("", "j", client=client)
+    _publish_rebalance(client, [1, 3])
+    plan = pc.poll()
+    assert plan is not None
+    assert pc.ack(plan, 120) and pc.ack(plan, 120)  # idempotent
+    assert not pc.ack(plan, 121)  # a different step for the same version: refused (409)
+    assert client.get("/v1/jobs/j/plan").json()["applied_step"] == 120
+    history = client.get("/v1/jobs/j/plan/history").json()
+    assert history[0]["applied_step"] == 120
+    missing = client.post("/v1/jobs/j/plan/ack", json={"version": 7, "step": 1})
+    assert missing.status_code == 404
+    rt = client.app.state.ctx.detection.peek("j")  # type: ignore[attr-defined]
+    assert rt is not None and rt.shares == [1, 3]  # detectors follow from step 120
+    assert rt.pipeline._pending_work is not None and rt.pipeline._pending_work[0] == 120

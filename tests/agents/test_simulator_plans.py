@@ -40,14 +40,14 @@ def test_a_new_ring_order_recreates_the_comm_and_avoids_the_slow_pair() -> None:
     sim = Simulation(LAY, steps=30, noise=Noise.none(), faults=(slow,))
     sim.run_until(2.0)
     start = sim.apply_plan(version=3, rank_order={"dp-0-0": (0, 2, 1, 3)})
-    assert "dp-0-0~v3" in {c.comm for c in sim.comms()}
+    assert "dp-0-0@v3" in {c.comm for c in sim.comms()}
     sim.run_until(100.0)
     by_comm: dict[str, list[float]] = defaultdict(list)
     for _, rec in sim.drain(100.0):
         if rec[0] == "c" and rec[1] == 0:
             by_comm[rec[2]].append((rec[7] - rec[6]) / 1e9)
-    assert by_comm["dp-0-0~v3"] and by_comm["dp-0-0"]
-    assert max(by_comm["dp-0-0~v3"]) < min(by_comm["dp-0-0"]) / 2  # the 10x link is avoided
+    assert by_comm["dp-0-0@v3"] and by_comm["dp-0-0"]
+    assert max(by_comm["dp-0-0@v3"]) < min(by_comm["dp-0-0"]) / 2  # the 10x link is avoided
     assert start > 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -271,3 +272,22 @@ def test_dry_run_executes_nothing_and_says_so(db_url: str) -> None:
     assert all(a["dry_run"] and a["state"] == "succeeded" for a in acts)
     assert all(a["result"]["dry_run"] is True for a in acts)
     assert plan["version"] == 0  # nothing was changed
+
+
+def test_an_unacknowledged_plan_is_assumed_applied_after_the_timeout(db_url: str) -> None:
+    settings = _settings(db_url, actions=ActionsSettings(plan_ack_timeout_s=0.001))
+    with TestClient(create_app(settings)) as c:
+        h0, _ = two_hosts()
+        c.post("/v1/ingest", json=envelope(job=JOB, **h0))
+        spec = ActionSpec("rebalance", f"job:{JOB}", "r", {"microbatch_shares": [3, 1]}, rung=1)
+        with session_scope(_ctx(c).sessions) as s:
+            row, _ = actions.propose(
+                s, job=JOB, incident=None, spec=spec, mode="auto", actuator="plan",
+                dry_run=False, now_ns=T0, event_ns=T0,
+            )  # fmt: skip
+        c.post(f"/v1/jobs/{JOB}/evaluate")  # executes: publishes the plan
+        time.sleep(0.01)
+        c.post(f"/v1/jobs/{JOB}/evaluate")  # past the timeout: adopted
+        assert c.get(f"/v1/jobs/{JOB}/plan").json()["applied_step"] is None
+        rt = _ctx(c).detection.peek(JOB)
+        assert rt is not None and rt.shares == [3, 1]

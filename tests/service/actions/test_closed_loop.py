@@ -58,8 +58,8 @@ def test_slow_gpu_is_rebalanced_automatically_and_the_job_recovers(client: TestC
     kinds = {(i["kind"], tuple(i["ranks"])) for i in res.incidents}
     assert kinds == {("slow_gpu", (5,))}
     inc = res.incidents[0]
-    assert inc["state"] == "resolved" and "Mitigated by rebalance" in inc["summary"]
-    assert inc["evidence"]["mitigated_by"] == ["rebalance"]
+    assert inc["state"] == "resolved" and "Cleared after rebalance" in inc["summary"]
+    assert inc["evidence"]["cleared_after"] == ["rebalance"]
 
 
 def test_slow_link_is_replanned_around_and_the_job_recovers(client: TestClient) -> None:
@@ -136,3 +136,27 @@ def test_rejected_hang_actions_record_why_and_nothing_runs(client: TestClient) -
     iso = next(a for a in res.actions if a["kind"] == "isolate")
     assert iso["result"] == {"rejected": "draining this node needs the storage team"}
     assert res.restarts == [] and client.get("/v1/jobs/hang-no/plan").json()["version"] == 0
+
+
+def test_a_replan_that_does_not_help_is_measured_and_the_link_stays_suspect(
+    client: TestClient,
+) -> None:
+    # One slow NIC inside rings that all cross the same 8 hosts: passive data cannot tell it
+    # from a slow ring link, so the policy tries a re-plan around the candidate links. It cannot
+    # help (the NIC is in every ring), and the re-created rings inherit their predecessors'
+    # record, so the link is still reported, not mistaken for a culprit-less job slowdown.
+    sc = Scenario(
+        job="nic-ring",
+        layout=Layout(tp=2, pp=1, dp=8, gpus_per_host=2),
+        steps=150,
+        workload=Workload(microbatches=4, dp_bytes=1 << 30),
+        faults=(Fault("slow_nic", 40, factor=3.0, hosts=("node-005",)),),
+        seed=1,
+    )
+    res = closedloop.run(sc, client)
+    replan = next(a for a in res.actions if a["kind"] == "replan")
+    assert replan["state"] == "succeeded"
+    assert replan["outcome"]["recovered"] < 0.2  # measured: it did not help
+    links = [i for i in res.incidents if i["kind"] == "slow_link"]
+    assert links[-1]["state"] == "open" and links[-1]["onset_step"] > 40  # on the new rings
+    assert not any(i["kind"] == "job_slowdown" for i in res.incidents)

@@ -202,3 +202,26 @@ def test_decide_is_pure_and_always_explains(kind: str) -> None:
     args = (incident(kind), job(), History((done("notify"),)), BUDGETS, 100 * S)
     a, b = decide(*args), decide(*args)
     assert a == b and a.reason
+
+
+def test_a_slow_nic_is_not_replanned_when_no_order_helps_then_isolated_by_ski_rental():
+    host_of = {r: f"node-{r // 2}" for r in range(16)}
+    rings = {"dp-0": tuple(range(16))}  # each host's ranks already contiguous: 2 crossings
+    inc = incident(
+        "slow_link", ranks=(), hosts=("node-5",), edges=(("node-4", "node-5"), ("node-5", "node-6"))
+    )
+    hist = History((done("notify"),))
+    early = decide(inc, job(host_of=host_of, rings=rings), hist, BUDGETS, 100 * S)
+    assert early.actions == () and "no ring order avoids" in early.reason
+    late_job = job(host_of=host_of, rings=rings, watermark_ns=3000 * S)
+    late = decide(inc, late_job, hist, BUDGETS, 3000 * S)
+    assert [(a.kind, a.target) for a in late.actions] == [
+        ("isolate", "host:node-5"),
+        ("restart", "job:j"),
+    ]
+
+
+def test_an_ambiguous_link_is_never_isolated():
+    inc = incident("slow_link", ranks=(), hosts=("node-0", "node-1", "node-2"), onset_ns=0)
+    d = decide(inc, job(watermark_ns=5000 * S), History((done("notify"),)), BUDGETS, 5000 * S)
+    assert d.actions == () and "not isolated" in d.reason
