@@ -154,6 +154,7 @@ class Mitigation:
             jobs = set(
                 s.scalars(select(Incident.job_id).where(Incident.state == "open").distinct())
             )
+            jobs |= set(self.detection.jobs_with_shares())
             jobs |= set(
                 s.scalars(
                     select(Action.job_id)
@@ -280,11 +281,10 @@ class Mitigation:
     def _decide(self, job: str) -> None:
         with session_scope(self.sessions) as s:
             open_rows = incidents.list_incidents(s, job=job, state="open")
-            if not open_rows:
-                return
             view = self.job_view(job, s)
             if view is None:
                 return
+            self._maybe_restore(s, job, view, open_rows)
             for row in open_rows:
                 hist = self.history(s, job)
                 decision = policy.decide(
@@ -297,11 +297,34 @@ class Mitigation:
                 for spec in decision.actions:
                     self._propose(s, job, row, spec, view)
 
+    def _maybe_restore(
+        self, s: Session, job: str, view: policy.JobView, open_rows: list[Incident]
+    ) -> None:
+        version, body, _ = plans.current(s, job=job)
+        shares = body.get("microbatch_shares")
+        if not shares or len(set(shares)) <= 1:
+            return
+        if any(a.state in policy.PENDING for a in actions.list_actions(s, job=job)):
+            return
+        state = self.jobs.get(job)
+        if state is None:
+            return
+        decision = policy.decide_restore(
+            view,
+            self.detection.dp_speeds(state, len(shares)),
+            shares,
+            compute_incident_open=any(r.kind in ("slow_gpu", "slow_node") for r in open_rows),
+            version=version,
+            budgets=self.budgets,
+        )
+        for spec in decision.actions:
+            self._propose(s, job, None, spec, view)
+
     def _propose(
         self,
         s: Session,
         job: str,
-        row: Incident,
+        row: Incident | None,
         spec: policy.ActionSpec,
         view: policy.JobView,
     ) -> None:
@@ -309,14 +332,14 @@ class Mitigation:
             **spec.params,
             "job_step_time_s": view.step_time_s,
             "baseline_step_time_s": view.baseline_step_time_s,
-            "incident_kind": row.kind,
-            "slowdown": row.slowdown,
+            "incident_kind": row.kind if row is not None else None,
+            "slowdown": row.slowdown if row is not None else None,
         }
-        spec = policy.ActionSpec(spec.kind, spec.target, spec.reason, params, spec.rung)
+        spec = policy.ActionSpec(spec.kind, spec.target, spec.reason, params, spec.rung, spec.key)
         action, created = actions.propose(
             s,
             job=job,
-            incident=row.id,
+            incident=row.id if row is not None else None,
             spec=spec,
             mode=self.mode(spec.kind),
             actuator=self.actuator_name(spec.kind),
@@ -512,7 +535,9 @@ class Mitigation:
                     "steps": steps,
                     "cost_s": round(max(0.0, elapsed - steps * after), 3),
                 }
-                if a.params.get("incident_kind") == "hang":
+                if a.params.get("restore"):
+                    pass  # undoing a rebalance: step times only, no recovery to score
+                elif a.params.get("incident_kind") == "hang":
                     # a hung job makes no progress: recovery is whether it steps again
                     outcome["recovered"] = 1.0
                 elif before and during and during > before * 1.01:

@@ -96,6 +96,7 @@ class Budgets:
     min_recovery: float = 0.2  # a rung whose past outcomes recovered less is skipped
     min_gain: float = 0.05  # predicted share of the slowdown an action must remove
     outcomes_needed: int = 3  # past outcomes before ``min_recovery`` applies
+    restore_tolerance: float = 0.03  # speeds within this of full count as recovered
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +106,7 @@ class ActionSpec:
     reason: str
     params: dict[str, Any] = field(default_factory=dict)
     rung: int = 0  # position on the ladder: part of the idempotency key
+    key: str | None = None  # replaces the incident in the idempotency key (no-incident actions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,6 +416,51 @@ def _rung(
             (), f"{kind} planned but {lost:.1f} s lost so far < its cost {cost:.1f} s ({source})"
         )
     return Decision((spec,), f"{lost:.1f} s lost >= {kind} cost {cost:.1f} s ({source}): {why}")
+
+
+def decide_restore(
+    job: JobView,
+    speeds: Sequence[float],
+    shares: Sequence[int],
+    *,
+    compute_incident_open: bool,
+    version: int,
+    budgets: Budgets,
+) -> Decision:
+    """Undo a rebalance once the straggler is gone: when every data-parallel rank computes at
+    full speed again (per unit of work), give them equal shares back. Without this a job would
+    keep running lopsided shares for a GPU that has long recovered."""
+    if len(set(shares)) <= 1:
+        return Decision((), "shares are equal")
+    if compute_incident_open:
+        return Decision((), "a compute straggler is still open: shares kept")
+    if job.stale:
+        return Decision((), "telemetry for the job is stale; no action on stale data")
+    if len(speeds) != len(shares) or not all(v == v and v > 0 for v in speeds):
+        return Decision((), "per-rank speeds are not known yet: shares kept")
+    slowest = min(range(len(speeds)), key=lambda i: speeds[i])
+    if speeds[slowest] < 1.0 - budgets.restore_tolerance:
+        return Decision(
+            (),
+            f"data-parallel rank {slowest} still computes at {speeds[slowest]:.0%} speed: "
+            "shares kept",
+        )
+    even = rebalance_shares([1.0] * len(shares), sum(shares))
+    if list(even) == list(shares):
+        return Decision((), "shares are already as even as the batch allows")
+    why = (
+        f"every data-parallel rank computes at full speed again (slowest {speeds[slowest]:.0%}): "
+        f"restoring shares {even} from {list(shares)}"
+    )
+    spec = ActionSpec(
+        "rebalance",
+        f"job:{job.job}",
+        why,
+        {"microbatch_shares": even, "restore": True},
+        rung=5,
+        key=f"restore-after-v{version}",
+    )
+    return Decision((spec,), why)
 
 
 def as_views(rows: Sequence[Any]) -> tuple[PastAction, ...]:

@@ -30,7 +30,7 @@ TRANSITIONS = {
 
 
 def idempotency_key(job: str, incident: str | None, spec: ActionSpec) -> str:
-    return f"{job}/{incident or '-'}/{spec.rung}/{spec.kind}/{spec.target}"
+    return f"{job}/{spec.key or incident or '-'}/{spec.rung}/{spec.kind}/{spec.target}"
 
 
 def _event(

@@ -33,7 +33,7 @@ from service.jobs.registry import JobRegistry
 from service.jobs.state import JobState
 from service.metrics import Metrics
 from service.plans import service as plans
-from service.plans.work import work_weights
+from service.plans.work import dp_index, work_weights
 from service.settings import DetectionSettings
 
 log = logging.getLogger(__name__)
@@ -114,6 +114,30 @@ class DetectionEngine:
                 weights = work_weights(state.topology, shares)
             rt.pipeline.set_work(weights, from_index=from_step)
             rt.shares = list(shares) if shares else None
+
+    def jobs_with_shares(self) -> list[str]:
+        """Jobs whose detectors follow unequal micro-batch shares (a rebalanced plan)."""
+        return [
+            j for j, rt in list(self._runtimes.items()) if rt.shares and len(set(rt.shares)) > 1
+        ]
+
+    def dp_speeds(self, state: JobState, dp_size: int) -> list[float]:
+        """Per data-parallel index: the slowest member's recent speed per unit of work."""
+        rt = self.peek(state.job)
+        if rt is None or dp_size < 1:
+            return []
+        with rt.lock:
+            score, _ = rt.pipeline.rank_view()
+        with state.lock:
+            dp_of, _ = dp_index(state.topology)
+            slots = {r: state.topology.ranks[r].slot for r in dp_of if r in state.topology.ranks}
+        out = [float("inf")] * dp_size
+        for r, d in dp_of.items():
+            slot = slots.get(r)
+            if slot is None or slot >= score.size or d >= dp_size:
+                continue
+            out[d] = min(out[d], float(score[slot]))
+        return [v if v != float("inf") else float("nan") for v in out]
 
     def peek(self, job: str) -> JobRuntime | None:
         return self._runtimes.get(job)

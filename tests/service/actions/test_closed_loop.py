@@ -160,3 +160,31 @@ def test_a_replan_that_does_not_help_is_measured_and_the_link_stays_suspect(
     links = [i for i in res.incidents if i["kind"] == "slow_link"]
     assert links[-1]["state"] == "open" and links[-1]["onset_step"] > 40  # on the new rings
     assert not any(i["kind"] == "job_slowdown" for i in res.incidents)
+
+
+def test_equal_shares_come_back_when_the_gpu_recovers(client: TestClient) -> None:
+    sc = Scenario(
+        job="gpu-back",
+        layout=Layout(tp=2, pp=2, dp=4, gpus_per_host=2),
+        steps=170,
+        workload=Workload(microbatches=16),
+        faults=(Fault("slow_gpu", 40, 100, factor=1.5, ranks=(5,)),),
+        seed=1,
+    )
+    res = closedloop.run(sc, client, global_batch=64)
+    kinds = _kinds(res)
+    assert kinds == [
+        ("notify", "succeeded"),
+        ("rebalance", "succeeded"),
+        ("rebalance", "succeeded"),
+    ], kinds
+    restore = res.actions[2]
+    assert restore["incident"] is None and restore["params"]["restore"] is True
+    assert restore["params"]["microbatch_shares"] == [16, 16, 16, 16]
+    assert "full speed again" in restore["reason"]
+    assert client.get("/v1/jobs/gpu-back/plan").json()["version"] == 2
+    (first, _), (second, _) = res.applied
+    assert first < 100 < second  # rebalanced during the fault, restored after it
+    before, late = res.phase(10, 40), res.phase(second + 3, 170)
+    assert before is not None and late is not None
+    assert abs(late - before) / before < 0.03  # ... and the job runs as fast as before

@@ -225,3 +225,25 @@ def test_an_ambiguous_link_is_never_isolated():
     inc = incident("slow_link", ranks=(), hosts=("node-0", "node-1", "node-2"), onset_ns=0)
     d = decide(inc, job(watermark_ns=5000 * S), History((done("notify"),)), BUDGETS, 5000 * S)
     assert d.actions == () and "not isolated" in d.reason
+
+
+def test_restore_equal_shares_only_when_everyone_is_back_to_full_speed():
+    from service.actions.policy import decide_restore
+
+    kw = {"version": 3, "budgets": BUDGETS}
+    shares = [9, 9, 5, 9]
+    d = decide_restore(job(), [1.0, 0.99, 1.0, 1.0], shares, compute_incident_open=False, **kw)
+    assert [a.kind for a in d.actions] == ["rebalance"]
+    spec = d.actions[0]
+    assert spec.params["microbatch_shares"] == [8, 8, 8, 8] and spec.params["restore"] is True
+    assert spec.key == "restore-after-v3"
+    slow = decide_restore(job(), [1.0, 1.0, 0.7, 1.0], shares, compute_incident_open=False, **kw)
+    assert slow.actions == () and "still computes at 70%" in slow.reason
+    still = decide_restore(job(), [1.0] * 4, shares, compute_incident_open=True, **kw)
+    assert still.actions == () and "still open" in still.reason
+    unknown = decide_restore(
+        job(), [1.0, float("nan"), 1.0, 1.0], shares, compute_incident_open=False, **kw
+    )
+    assert unknown.actions == () and "not known" in unknown.reason
+    even = decide_restore(job(), [1.0] * 4, [8] * 4, compute_incident_open=False, **kw)
+    assert even.actions == ()
