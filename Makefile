@@ -23,7 +23,8 @@ serve: $(STAMP)
 	$(VENV)/bin/failslow serve
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	@sh scripts/test-servers.sh
+	$(PY) -m pytest -q -rs
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check service agents detectors tests bench

@@ -23,11 +23,13 @@ from typing import Any
 
 import httpx
 
+from agents.plan import PlanClient
 from agents.sdk import Recorder
 from agents.simulator import Fault, Layout, Scenario
-from agents.simulator.engine import Noise
+from agents.simulator.engine import Noise, Simulation, Workload
 
 JOB = "demo-llm-64"
+MICROBATCHES = 8
 BOLD, DIM, RED, GREEN, YELLOW, RESET = (
     "\033[1m",
     "\033[2m",
@@ -48,6 +50,8 @@ def story(fast: bool) -> Scenario:
         job=JOB,
         layout=layout,
         steps=steps,
+        # 8 micro-batches per data-parallel rank (64 per step): fine enough to rebalance
+        workload=Workload(microbatches=MICROBATCHES, fwd_s=0.006, bwd_s=0.012),
         noise=Noise(checkpoint_every=50, checkpoint_s=1.0, spike_prob=0.02),
         faults=(
             Fault("slow_gpu", gpu[0], gpu[1], factor=1.6, ranks=(13,)),
@@ -106,6 +110,10 @@ class Demo:
         self.http = httpx.Client(timeout=2.0)
         self.seen: dict[str, str] = {}
         self.incidents: list[dict[str, Any]] = []
+        self.actions_seen: dict[str, str] = {}
+        self.actions: list[dict[str, Any]] = []
+        self.plans: PlanClient | None = None
+        self.registered: set[str] = set()
 
     # -- processes ---------------------------------------------------------------------------
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -177,7 +185,10 @@ class Demo:
                 rec.register_rank(r["rank"], gpu=r["gpu"], world_size=r["world_size"])
             for c in self.scenario.host_comms(host):
                 rec.register_comm(c["comm"], c["kind"], c["ranks"])
+                self.registered.add(c["comm"])
             self.recorders[host] = rec
+        # the job follows failslow's plan: it declares its global batch and polls the plan
+        self.plans = PlanClient(self.url, JOB, global_batch=lay.dp * MICROBATCHES)
         self.term.line(
             f"{len(lay.hosts)} node agents started; simulated job {self.term.c(BOLD, JOB)}: "
             f"{lay.world} ranks (TP={lay.tp} x PP={lay.pp} x DP={lay.dp}), "
@@ -185,6 +196,8 @@ class Demo:
         )
 
     def stop(self) -> None:
+        if self.plans is not None:
+            self.plans.close()
         for rec in self.recorders.values():
             rec.close(timeout_s=2)
         for proc in reversed(self.procs):
@@ -260,6 +273,7 @@ class Demo:
             if now >= next_poll:
                 next_poll = now + 1.0
                 self.poll(now, records)
+                self.follow_plan(sim, now)
             if self.args.seconds and now > self.args.seconds:
                 break
             time.sleep(0.02)
@@ -269,6 +283,57 @@ class Demo:
         while time.monotonic() < end:  # let the agents deliver and detection catch up
             self.poll(time.monotonic() - start, records)
             time.sleep(0.5)
+
+    def follow_plan(self, sim: Simulation, now: float) -> None:
+        """What a training loop does at a step boundary: apply a new plan, acknowledge it."""
+        assert self.plans is not None
+        plan = self.plans.poll()
+        if plan is None:
+            return
+        step = sim.apply_plan(
+            version=plan.version,
+            shares=plan.microbatch_shares,
+            rank_order=plan.rank_order,
+            excluded_hosts=plan.excluded_hosts,
+            restart_epoch=plan.restart_epoch,
+        )
+        self.plans.ack(plan, step)
+        for host in self.scenario.layout.hosts:  # re-created communicators are announced
+            for c in sim.comms_of_host(host):
+                if c.comm not in self.registered:
+                    self.recorders[host].register_comm(c.comm, c.kind, list(c.ranks))
+        self.registered |= {c.comm for c in sim.comms()}
+        what = (
+            f"micro-batch shares {list(plan.microbatch_shares)}"
+            if plan.microbatch_shares
+            else "equal shares"
+        )
+        self.term.line(
+            self.term.c(
+                BOLD, f"[{now:6.1f}s] >> the job applies plan v{plan.version} from step {step}: "
+            )
+            + what
+        )
+
+    def poll_actions(self, now: float) -> None:
+        try:
+            actions = self.http.get(f"{self.url}/v1/jobs/{JOB}/actions").json()
+        except (httpx.HTTPError, ValueError):
+            return
+        if not isinstance(actions, list):
+            return
+        for a in actions:
+            if self.actions_seen.get(a["id"]) == a["state"]:
+                continue
+            self.actions_seen[a["id"]] = a["state"]
+            if a["state"] not in ("proposed", "succeeded", "failed", "rejected"):
+                continue
+            color = GREEN if a["state"] == "succeeded" else YELLOW
+            self.term.line(
+                self.term.c(color, f"[{now:6.1f}s] == ACTION {a['kind']} {a['state']}")
+                + f" ({a['mode']}, via {a['actuator']}): {a['reason']}"
+            )
+        self.actions = actions
 
     def poll(self, now: float, records: int) -> None:
         try:
@@ -309,6 +374,7 @@ class Demo:
                     )
                 )
         self.incidents = incidents
+        self.poll_actions(now)
         base = job.get("baseline_step_time_s")
         st = job.get("step_time_s")
         slow = job.get("slowdown")
@@ -345,6 +411,17 @@ class Demo:
                 self.term.line(
                     self.term.c(GREEN, f"OK: {what} was found {d:.1f} s after its onset.")
                 )
+        done = [a for a in self.actions if a["state"] == "succeeded" and a["kind"] != "notify"]
+        for a in done:
+            outcome = a.get("outcome") or {}
+            gain = (
+                f"; step time {outcome['step_time_during_s']:.3f}s -> "
+                f"{outcome['step_time_after_s']:.3f}s"
+                if outcome.get("step_time_during_s") and outcome.get("step_time_after_s")
+                else ""
+            )
+            what = "restore equal shares" if a["params"].get("restore") else a["kind"]
+            self.term.line(self.term.c(GREEN, f"ACTED: {what} {a['target']}{gain}"))
         others = [(k, v) for k, v in got.items() if k not in expected]
         if others:
             ok = False
@@ -356,6 +433,8 @@ class Demo:
             f"  {self.url}/docs                       the API, live\n"
             f"  {self.url}/metrics                    Prometheus metrics\n"
             f"  curl {self.url}/v1/jobs/{JOB}/incidents\n"
+            f"  curl {self.url}/v1/jobs/{JOB}/actions      what the policy decided, and why\n"
+            f"  curl {self.url}/v1/jobs/{JOB}/plan         the plan the job follows\n"
             f"  curl {self.url}/v1/jobs/{JOB}/ranks"
         )
         return 0 if ok else 1

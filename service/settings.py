@@ -256,6 +256,7 @@ class ActionsSettings(BaseModel):
     kubernetes_host: str = Field(default="", description="API server URL (else kubeconfig).")
     kubernetes_in_cluster: bool = Field(default=False, description="Use the pod's account.")
     slurm_scontrol: str = Field(default="scontrol", description="Path of `scontrol`.")
+    slurm_conf: str = Field(default="", description="slurm.conf path (else Slurm's default).")
 
     @model_validator(mode="after")
     def _check(self) -> ActionsSettings:

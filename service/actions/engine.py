@@ -64,7 +64,9 @@ def build_actuators(
         elif name == "slurm":
             from service.actions.actuators.slurm import SlurmActuator
 
-            out[name] = SlurmActuator(scontrol=settings.slurm_scontrol)
+            out[name] = SlurmActuator(
+                scontrol=settings.slurm_scontrol, conf=settings.slurm_conf or None
+            )
     return out
 
 

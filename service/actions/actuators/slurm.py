@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 from typing import Any
@@ -17,8 +18,12 @@ from service.actions.actuators.base import ActionRequest, ActuatorError
 class SlurmActuator:
     name = "slurm"
 
-    def __init__(self, *, scontrol: str = "scontrol", timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, *, scontrol: str = "scontrol", conf: str | None = None, timeout_s: float = 30.0
+    ) -> None:
+        """``conf``: the cluster's slurm.conf when it is not the default (``SLURM_CONF``)."""
         self.scontrol, self.timeout_s = scontrol, timeout_s
+        self.env = {**os.environ, "SLURM_CONF": conf} if conf else None
 
     def commands(self, request: ActionRequest) -> list[list[str]]:
         if request.kind == "isolate":
@@ -40,7 +45,12 @@ class SlurmActuator:
         for cmd in cmds:
             try:
                 p = subprocess.run(
-                    cmd, capture_output=True, text=True, timeout=self.timeout_s, check=False
+                    cmd,
+                    capture_output=True,
+                    text=True,
+                    timeout=self.timeout_s,
+                    check=False,
+                    env=self.env,
                 )
             except (OSError, subprocess.TimeoutExpired) as exc:
                 raise ActuatorError(f"{shlex.join(cmd)}: {exc}") from exc

@@ -235,3 +235,44 @@ def test_runner_bounds_time_and_isolates_errors() -> None:
     assert time.monotonic() - started < 1.5
     out = run(_Broken(), REQ, timeout_s=5)
     assert not out.ok and out.result["error"] == "RuntimeError: boom"
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from tests.infra import slurm as infra
+
+    why = infra.unavailable()
+    if why:
+        pytest.skip(why + " (the recorded-scontrol tests above still run)")
+    with infra.cluster(tmp_path_factory.mktemp("slurm")) as c:
+        yield c
+
+
+def test_slurm_against_a_real_cluster_drains_and_requeues(slurm: Any) -> None:
+    job = slurm.submit("llama-7")
+    deadline = time.monotonic() + 30
+    while slurm.field("job", str(job), "JobState") != "RUNNING":
+        assert time.monotonic() < deadline, "the test job never started"
+        time.sleep(0.2)
+    act = SlurmActuator(conf=str(slurm.conf))
+    iso = ActionRequest(
+        "act_9", "llama-7", "inc_1", "isolate", f"host:{slurm.node}", "GPU 3 is 40% slower",
+        {"host": slurm.node},
+    )  # fmt: skip
+    out = run(act, iso, timeout_s=30)
+    assert out.ok, out.result
+    assert "DRAIN" in slurm.field("node", slurm.node, "State")
+    assert slurm.field("node", slurm.node, "Reason").startswith("failslow")
+    restart = ActionRequest(
+        "act_10", "llama-7", "inc_1", "restart", "job:llama-7", "restart without the node",
+        {"slurm_job_id": job},
+    )  # fmt: skip
+    assert run(act, restart, timeout_s=30).ok
+    assert slurm.field("job", str(job), "Restarts") == "1"
+    deadline = time.monotonic() + 30  # requeued: COMPLETING, then PENDING again
+    while slurm.field("job", str(job), "JobState") != "PENDING":
+        assert time.monotonic() < deadline, slurm.field("job", str(job), "JobState")
+        time.sleep(0.2)
+    bad = ActionRequest("act_11", "x", None, "restart", "job:x", "r", {"slurm_job_id": 999999})
+    failed = run(act, bad, timeout_s=30)
+    assert not failed.ok and "Invalid job id" in failed.result["error"]
