@@ -789,6 +789,20 @@ class JobPipeline:
             else None,
         }
 
+    def rank_speed(self) -> np.ndarray:
+        """Per slot, recent compute speed per unit of work against *any* of its role peers
+        (1.0 = typical): the lower of the speeds against its own groups and against the same
+        role on other hosts, so that a rank whose whole host is slow counts as slow too."""
+        if self.count == 0 or self.n == 0:
+            return np.full(self.n, np.nan)
+        recent = self._positions(self.count - self.window)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            own = np.nanmedian(self.ratio[:, recent], axis=1)
+            cross = np.nanmedian(self.cross[:, recent], axis=1)
+        ratio = np.fmax(own, cross)
+        return np.where(np.isfinite(ratio) & (ratio > 0), 1.0 / ratio, np.nan)
+
     def frame_times(self, *, since_index: int | None = None, last: int = 10) -> list[float]:
         """Step times of the newest ``last`` frames with step number >= ``since_index``."""
         pos = self._positions(self.count - self.h)

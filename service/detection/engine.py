@@ -127,7 +127,7 @@ class DetectionEngine:
         if rt is None or dp_size < 1:
             return []
         with rt.lock:
-            score, _ = rt.pipeline.rank_view()
+            score = rt.pipeline.rank_speed()
         with state.lock:
             dp_of, _ = dp_index(state.topology)
             slots = {r: state.topology.ranks[r].slot for r in dp_of if r in state.topology.ranks}

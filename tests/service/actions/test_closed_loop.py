@@ -188,3 +188,22 @@ def test_equal_shares_come_back_when_the_gpu_recovers(client: TestClient) -> Non
     before, late = res.phase(10, 40), res.phase(second + 3, 170)
     assert before is not None and late is not None
     assert abs(late - before) / before < 0.03  # ... and the job runs as fast as before
+
+
+def test_a_slow_node_is_rebalanced_and_its_shares_are_kept_while_it_is_slow(
+    client: TestClient,
+) -> None:
+    # Both GPUs of node-002 are one tensor-parallel group: against each other they look
+    # normal, so "back to full speed" must also compare them with the same role elsewhere.
+    sc = Scenario(
+        job="node",
+        layout=Layout(tp=2, pp=2, dp=4, gpus_per_host=2),
+        steps=140,
+        workload=Workload(microbatches=16),
+        faults=(Fault("slow_node", 40, factor=1.5, hosts=("node-002",)),),
+        seed=1,
+    )
+    res = closedloop.run(sc, client, global_batch=64)
+    assert _kinds(res) == [("notify", "succeeded"), ("rebalance", "succeeded")]
+    assert res.recovery(onset=40, end=140)["recovered"] >= 0.7
+    assert {i["kind"] for i in res.incidents} == {"slow_node"}
