@@ -72,12 +72,13 @@ class HangDetector:
         self.stall_floor_s = stall_floor_s
 
     def timeout_s(self, typical_s: float, step_time_s: float = float("nan")) -> float:
-        """How long a collective may take: a multiple of its usual transfer time, at least two
-        step times (a pipeline recv legitimately waits for a stage's compute), at least the
-        floor."""
+        """How long a collective may take: a multiple of its usual transfer time, at least
+        three step times, at least the floor. A member that suddenly computes f times slower
+        keeps its peers waiting about (f - 1) step times before the step time itself shows it,
+        so three step times tell a straggler of up to ~4x from a hang."""
         floor = self.floor_s
         if step_time_s == step_time_s:
-            floor = max(floor, 2.0 * step_time_s)
+            floor = max(floor, 3.0 * step_time_s)
         if typical_s != typical_s:  # NaN: never seen one complete
             return floor
         return max(floor, self.timeout_factor * typical_s)

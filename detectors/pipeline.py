@@ -297,7 +297,10 @@ class JobPipeline:
                 self._gpu_signal(slot, pos), self.elevated[slot, pos], self.suspect[slot, pos]
             )
             onset_pos = self.count - len(pos) + start
-            if onset_pos != info.onset_pos:
+            q = onset_pos % self.h
+            # an onset after the detection is not an onset (a plan changed the signal since)
+            later = int(self.f_index[q]) > info.detected_index
+            if onset_pos != info.onset_pos and not later:
                 q = onset_pos % self.h
                 info.onset_pos, info.onset_index, info.onset_ns = (
                     onset_pos,
