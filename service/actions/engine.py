@@ -18,11 +18,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.actions import policy
+from service.actions import outcomes, policy
 from service.actions import service as actions
-from service.actions.actuators.base import ActionRequest, Actuator, run
-from service.actions.actuators.log import LogActuator
-from service.actions.actuators.plan import PlanActuator
+from service.actions.actuators.base import ActionRequest, run
+from service.actions.actuators.registry import build_actuators
 from service.actions.models import Action
 from service.db import session_scope
 from service.detection.engine import DetectionEngine
@@ -37,37 +36,6 @@ from service.settings import ActionsSettings
 log = logging.getLogger(__name__)
 MANUAL_BY_DEFAULT = ("isolate", "restart")
 MEASURED = ("rebalance", "replan", "restart")
-
-
-def build_actuators(
-    settings: ActionsSettings, publish: Callable[[ActionRequest], dict[str, Any]]
-) -> dict[str, Actuator]:
-    out: dict[str, Actuator] = {}
-    for name in settings.actuators:
-        if name == "log":
-            out[name] = LogActuator()
-        elif name == "plan":
-            out[name] = PlanActuator(publish=publish)
-        elif name == "webhook":
-            from service.actions.actuators.webhook import WebhookActuator
-
-            out[name] = WebhookActuator(url=settings.webhook_url, secret=settings.webhook_secret)
-        elif name == "kubernetes":
-            from service.actions.actuators.kubernetes import KubernetesActuator
-
-            out[name] = KubernetesActuator(
-                namespace=settings.kubernetes_namespace,
-                job_label=settings.kubernetes_job_label,
-                host=settings.kubernetes_host or None,
-                in_cluster=settings.kubernetes_in_cluster,
-            )
-        elif name == "slurm":
-            from service.actions.actuators.slurm import SlurmActuator
-
-            out[name] = SlurmActuator(
-                scontrol=settings.slurm_scontrol, conf=settings.slurm_conf or None
-            )
-    return out
 
 
 def _incident_view(row: Incident) -> policy.IncidentView:
@@ -485,14 +453,6 @@ class Mitigation:
 
     # -- outcomes ------------------------------------------------------------------------------
     def _measure(self, job: str) -> None:
-        """Step time after an action vs before the fault and during it; what the action cost.
-
-        Measured once ``outcome_steps`` steps have completed after the execution: the median of
-        the newest of them (skipping two settling steps) against the fault-free baseline and
-        the step time during the fault, both taken when the action was decided and executed.
-        ``cost_s`` is the event time the job did not spend stepping at its new speed (a
-        restart's pause, a plan's pick-up delay); it becomes the learned cost of that kind.
-        """
         state = self.jobs.get(job)
         rt = self.detection.peek(job)
         if state is None or rt is None:
@@ -504,45 +464,14 @@ class Mitigation:
                 if a.outcome is None and a.kind in MEASURED and not a.dry_run
             ]
             for a in rows:
-                res = a.result or {}
-                event_ns = int(res.get("event_ns") or 0)
-                if not event_ns:
-                    continue
-                elapsed = (state.watermark_ns - event_ns) / 1e9
-                steps = rt.frames - int(res.get("frames") or 0)
-                if steps < self.settings.outcome_steps:
-                    if elapsed >= self.settings.outcome_timeout_s:
-                        a.outcome = {
-                            "recovered": 0.0,
-                            "steps": steps,
-                            "measured_over_s": round(elapsed, 3),
-                            "note": "the job made no progress after the action",
-                        }
-                    continue
-                exec_step = res.get("exec_step")
-                with rt.lock:
-                    recent = rt.pipeline.frame_times(
-                        since_index=int(exec_step) + 3 if exec_step is not None else None, last=8
-                    )
-                if not recent:
-                    continue
-                after = statistics.median(recent)
-                before = a.params.get("baseline_step_time_s")
-                during = res.get("step_time_during_s") or a.params.get("job_step_time_s")
-                outcome: dict[str, Any] = {
-                    "step_time_before_s": before,
-                    "step_time_during_s": during,
-                    "step_time_after_s": round(after, 6),
-                    "measured_over_s": round(elapsed, 3),
-                    "steps": steps,
-                    "cost_s": round(max(0.0, elapsed - steps * after), 3),
-                }
-                if a.params.get("restore"):
-                    pass  # undoing a rebalance: step times only, no recovery to score
-                elif a.params.get("incident_kind") == "hang":
-                    # a hung job makes no progress: recovery is whether it steps again
-                    outcome["recovered"] = 1.0
-                elif before and during and during > before * 1.01:
-                    outcome["recovered"] = round((during - after) / (during - before), 3)
-                a.outcome = outcome
-                log.info("action %s outcome: %s", a.id, outcome)
+                outcome = outcomes.measure(
+                    a,
+                    watermark_ns=state.watermark_ns,
+                    frames=rt.frames,
+                    runtime=rt,
+                    min_steps=self.settings.outcome_steps,
+                    timeout_s=self.settings.outcome_timeout_s,
+                )
+                if outcome is not None:
+                    a.outcome = outcome
+                    log.info("action %s outcome: %s", a.id, outcome)
