@@ -1,0 +1,1 @@
+"""Telemetry sources the node agent reads besides the SDK (one source per module)."""
