@@ -65,8 +65,12 @@ class NodeAgent:
         max_outbox_bytes: int = 1 << 30,
         fsync: bool = True,
         backoff_cap_s: float = 10.0,
+        inspector: Any = None,
     ) -> None:
+        """``inspector``: an :class:`agents.sources.nccl_inspector.InspectorSource` to poll
+        (NCCL Inspector dumps), next to the SDK's socket or spool directory."""
         self.job = job
+        self.inspector = inspector
         self.host = host or socket.gethostname()
         self.socket_path = socket_path
         self.input_dir = Path(input_dir) if input_dir else None
@@ -312,6 +316,16 @@ class NodeAgent:
                 self.add_payload(payload, source=p)
             seen = {p for p in seen if p.exists()}
 
+    def _inspector_loop(self) -> None:
+        while not self._stop.wait(min(self.flush_interval_s, 0.5)):
+            try:
+                items = self.inspector.poll()
+            except Exception:  # noqa: BLE001 - a source must never stop the agent
+                log.exception("NCCL Inspector source failed; retrying")
+                continue
+            if items:
+                self.add_items(items)
+
     def _refresh_stats(self) -> None:
         self.stats.outbox_envelopes = len(self.outbox)
         self.stats.outbox_bytes = self.outbox.bytes
@@ -329,6 +343,8 @@ class NodeAgent:
             targets.append(self._socket_loop)
         if self.input_dir:
             targets.append(self._spool_loop)
+        if self.inspector is not None:
+            targets.append(self._inspector_loop)
         for target in targets:
             t = threading.Thread(target=target, name=f"agent-{target.__name__}", daemon=True)
             t.start()

@@ -28,6 +28,16 @@ def cmd_agent(args: argparse.Namespace) -> int:
     state_dir = args.state_dir or os.path.join(
         "var", "agent", f"{args.job}-{args.host or os.uname().nodename}"
     )
+    inspector = None
+    if args.nccl_inspector_dir:
+        from agents.sources.nccl_inspector import InspectorSource, RankMap
+
+        try:
+            ranks = InspectorSource.load_rank_map(args.comm_map) if args.comm_map else RankMap()
+        except (OSError, ValueError, TypeError) as exc:
+            print(f"failslow agent: cannot read --comm-map: {exc}", file=sys.stderr)
+            return 2
+        inspector = InspectorSource(args.nccl_inspector_dir, ranks)
     agent = NodeAgent(
         service=args.service,
         job=args.job,
@@ -40,6 +50,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         heartbeat_s=args.heartbeat,
         fsync=not args.no_fsync,
         backoff_cap_s=args.max_backoff,
+        inspector=inspector,
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -145,6 +156,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument(
         "--max-backoff", type=float, default=10.0, help="longest wait between retries (s)"
+    )
+    p.add_argument(
+        "--nccl-inspector-dir",
+        help="also tail NCCL Inspector dumps here (NCCL_INSPECTOR_DUMP_DIR of the job)",
+    )
+    p.add_argument(
+        "--comm-map",
+        help='JSON {"by_name": {"DP Group 0": [global ranks...]}, "by_hash": {}, '
+        '"world_size": N}: places Inspector communicators in the job',
     )
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=cmd_agent)

@@ -264,3 +264,73 @@ def to_v1(rec: InspectorRecord, ranks: RankMap) -> tuple[dict[str, Any], dict[st
 def default_dir() -> Path | None:
     d = os.environ.get("NCCL_INSPECTOR_DUMP_DIR")
     return Path(d) if d else None
+
+
+class InspectorSource:
+    """What the node agent runs: tail the dump directory and hand back wire items
+    (``["m", ...]`` announcements and ``["c", ...]`` collectives), each collective once.
+
+    Inspector may write the same latest collective at several dumps (with different dump
+    times); the first sighting wins, so a re-dump is never a conflicting re-send. Records of
+    communicators the rank map cannot place are counted in ``unmapped``.
+    """
+
+    def __init__(self, directory: str | Path, ranks: RankMap, *, remember: int = 200_000) -> None:
+        self.tailer = Tailer(Path(directory))
+        self.ranks = ranks
+        self.remember = remember
+        self._seen: dict[tuple[str, int, int], None] = {}
+        self._announced: set[str] = set()
+        self._ranks_announced: set[int] = set()
+        self.unmapped = 0
+        self.records = 0
+
+    def poll(self) -> list[list[Any]]:
+        items: list[list[Any]] = []
+        for rec in self.tailer.poll():
+            mapped = to_v1(rec, self.ranks)
+            if mapped is None:
+                self.unmapped += 1
+                continue
+            comm, c = mapped
+            key = (c["comm"], c["seq"], c["rank"])
+            if key in self._seen:
+                continue
+            self._seen[key] = None
+            if len(self._seen) > self.remember:
+                self._seen.pop(next(iter(self._seen)))
+            if c["rank"] not in self._ranks_announced:
+                # this rank's records are on this host: announce it here (its device index is
+                # not in Inspector's output)
+                self._ranks_announced.add(c["rank"])
+                items.append(["r", c["rank"], None, self.ranks.world_size])
+            if comm["comm"] not in self._announced:
+                self._announced.add(comm["comm"])
+                items.append(["m", comm["comm"], comm["kind"], comm["ranks"]])
+            items.append(
+                [
+                    "c",
+                    c["rank"],
+                    c["comm"],
+                    c["seq"],
+                    c["op"],
+                    c["bytes"],
+                    c["start_ns"],
+                    c["end_ns"],
+                    c.get("peer"),
+                ]
+            )
+            self.records += 1
+        return items
+
+    @staticmethod
+    def load_rank_map(path: str | Path) -> RankMap:
+        """``{"by_name": {"DP Group 0": [0, 1]}, "by_hash": {...}, "world_size": 64}``."""
+        doc = json.loads(Path(path).read_text())
+        if not isinstance(doc, dict):
+            raise ValueError(f"{path}: a JSON object expected")
+        return RankMap(
+            by_hash={str(k): tuple(int(x) for x in v) for k, v in doc.get("by_hash", {}).items()},
+            by_name={str(k): tuple(int(x) for x in v) for k, v in doc.get("by_name", {}).items()},
+            world_size=int(doc["world_size"]) if doc.get("world_size") else None,
+        )

@@ -114,3 +114,45 @@ def test_unknown_communicators_are_not_guessed() -> None:
     assert ni.to_v1(rec, ni.RankMap(world_size=2)) is not None  # as large as the world
     assert ni.kind_of("TENSOR_MODEL_PARALLEL_GROUP", 8, 64) == "tp"
     assert ni.kind_of("default_pg", 64, 64) == "world"
+
+
+def test_the_agent_delivers_inspector_dumps_once_each(tmp_path: Path, db_url: str) -> None:
+    from agents.agent import NodeAgent
+    from service.settings import Settings
+    from tests.live import live_service, wait_for
+
+    dumps = tmp_path / "inspector"
+    dumps.mkdir()
+    log = dumps / "h0-pid7.log"
+    lines = [_line(r, sn, exec_us=100 if r == 0 else 60) for sn in (1, 2, 3) for r in (0, 1)]
+    log.write_text("\n".join(lines) + "\n" + _line(0, 3) + "\n")  # sn 3 dumped twice by rank 0
+    source = ni.InspectorSource(dumps, ni.RankMap(by_name={"TP Group 1": (4, 5)}))
+    with live_service(Settings(database_url=db_url)) as url:
+        agent = NodeAgent(
+            service=url,
+            job="insp",
+            host="h0",
+            state_dir=str(tmp_path / "state"),
+            flush_interval_s=0.1,
+            fsync=False,
+            inspector=source,
+        )
+        agent.start()
+        import httpx
+
+        def accepted() -> int:
+            r = httpx.get(f"{url}/v1/jobs/insp")
+            return sum(h["accepted"] for h in r.json()["ingest"].values()) if r.is_success else 0
+
+        try:
+            assert wait_for(lambda: accepted() == 6, timeout=30), (accepted(), agent.stats)
+            with open(log, "a") as fh:  # more arrives later
+                fh.write(_line(0, 4) + "\n" + _line(1, 4) + "\n")
+            assert wait_for(lambda: accepted() == 8, timeout=30), (accepted(), agent.stats)
+            ranks = httpx.get(f"{url}/v1/jobs/insp/ranks").json()
+            assert [(r["rank"], r["host"]) for r in ranks] == [(4, "h0"), (5, "h0")]
+        finally:
+            agent.stop()
+    assert source.records == 8 and source.unmapped == 0
+    assert agent.stats.records_duplicate == 0 and agent.stats.records_rejected == 0
+    assert sorted(agent.ranks) == [4, 5]  # announced on this host
