@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo serve test lint bench eval clean venv
+.PHONY: demo serve test lint bench eval clean venv torch
 
 venv: $(STAMP)
 
@@ -22,9 +22,17 @@ demo: $(STAMP)
 serve: $(STAMP)
 	$(VENV)/bin/failslow serve
 
-test: $(STAMP)
+test: $(STAMP) torch
 	@sh scripts/test-servers.sh
 	$(PY) -m pytest -q -rs
+
+# PyTorch (optional extra) for the agents.torch tests: only from a local CPU wheel, never a
+# multi-GB download; without it those tests are skipped with the reason.
+torch: $(STAMP)
+	@$(PY) -c 'import torch' 2>/dev/null || \
+	  if ls /opt/wheels/torch-2.13.0*.whl >/dev/null 2>&1; then \
+	    $(PY) -m pip install --quiet --find-links /opt/wheels torch==2.13.0; \
+	  else echo "no local PyTorch wheel: the agents.torch tests will be skipped"; fi
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check service agents detectors tests bench

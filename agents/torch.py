@@ -1,0 +1,305 @@
+"""PyTorch source: time every collective and p2p call of ``torch.distributed`` (optional extra).
+
+``Instrumentation(recorder).install()`` wraps the public ``torch.distributed`` functions
+(all_reduce, all_gather, all_gather_into_tensor/_single, reduce_scatter, reduce_scatter_tensor,
+broadcast, reduce, all_to_all, all_to_all_single, barrier, send, recv, isend, irecv) so that each
+call records its communicator, per-communicator sequence number, op, bytes, start and end on this
+process's wall clock, and hands the record to the node agent through the SDK (never blocking).
+Asynchronous calls (``async_op=True``, ``isend``/``irecv``) are completed from the ``Work``'s
+future. Data-parallel gradients, which DDP reduces in C++, are timed by :meth:`ddp_hook`, a comm
+hook with the arithmetic of DDP's default one. Results are never changed: the wrappers call the
+original function with the original arguments and return its result; errors of the
+instrumentation itself are counted and swallowed, the training's own errors pass through.
+
+On GPUs a wall clock around an asynchronous NCCL launch measures the launch, not the kernel;
+there, completion times come from the Work's future (which completes when the kernel has), and
+``ProcessGroupNCCL``'s completion hook can replace it. On CPU/gloo the wall clock is exact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from agents.sdk import Recorder
+
+COLLECTIVES = {
+    "all_reduce": "allreduce",
+    "all_gather": "allgather",
+    "all_gather_into_tensor": "allgather",
+    "all_gather_single": "allgather",
+    "reduce_scatter": "reducescatter",
+    "reduce_scatter_tensor": "reducescatter",
+    "broadcast": "broadcast",
+    "reduce": "reduce",
+    "all_to_all": "alltoall",
+    "all_to_all_single": "alltoall",
+    "barrier": "barrier",
+}
+P2P = {"send": "send", "recv": "recv", "isend": "send", "irecv": "recv"}
+ASYNC_P2P = ("isend", "irecv")
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return int(value.numel() * value.element_size())
+    if isinstance(value, list | tuple):
+        return sum(_nbytes(v) for v in value)
+    return 0
+
+
+class _TimedWork:
+    """A ``Work`` whose completion is noted at the first successful ``wait()``."""
+
+    def __init__(self, work: Any, done: Callable[[], None]) -> None:
+        self._work = work
+        self._done: Callable[[], None] | None = done
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        result = self._work.wait(*args, **kwargs)
+        if self._done is not None:
+            done, self._done = self._done, None
+            done()
+        return result
+
+    def is_completed(self) -> bool:
+        completed = bool(self._work.is_completed())
+        if completed and self._done is not None:
+            done, self._done = self._done, None
+            done()
+        return completed
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+
+class Instrumentation:
+    def __init__(self, recorder: Recorder, *, clock: Callable[[], int] = time.time_ns) -> None:
+        self.recorder = recorder
+        self.clock = clock
+        self.errors = 0
+        self.recorded = 0
+        self._originals: dict[str, Callable[..., Any]] = {}
+        self._names: dict[int, str] = {}  # id(process group) -> comm id
+        self._pairs: set[str] = set()
+        self._seq: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._rank: int | None = None
+        self._local = threading.local()
+
+    # -- set-up ----------------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        if self._rank is None:
+            self._rank = dist.get_rank()
+        return self._rank
+
+    def install(self) -> Instrumentation:
+        """Wrap the ``torch.distributed`` functions (idempotent)."""
+        if self._originals:
+            return self
+        self.recorder.register_rank(self.rank, world_size=dist.get_world_size())
+        for name in (*COLLECTIVES, *P2P):
+            original = getattr(dist, name, None)
+            if original is None:
+                continue
+            self._originals[name] = original
+            setattr(dist, name, self._wrap(name, original))
+        return self
+
+    def uninstall(self) -> None:
+        for name, original in self._originals.items():
+            setattr(dist, name, original)
+        self._originals.clear()
+
+    def register_group(self, name: str, kind: str, group: Any = None) -> None:
+        """Name a process group (``kind``: dp, tp, pp, ep, cp, world, other) and announce it."""
+        ranks = (
+            list(range(dist.get_world_size()))
+            if group is None
+            else list(dist.get_process_group_ranks(group))
+        )
+        self._names[id(group if group is not None else dist.group.WORLD)] = name
+        self.recorder.register_comm(name, kind, ranks)
+
+    @contextlib.contextmanager
+    def step(self, step: int) -> Iterator[None]:
+        with self.recorder.step(rank=self.rank, step=step):
+            yield
+
+    # -- naming ----------------------------------------------------------------------------------
+    def _comm(self, group: Any) -> str:
+        key = id(group if group is not None else dist.group.WORLD)
+        name = self._names.get(key)
+        if name is None:
+            with self._lock:
+                name = self._names.get(key)
+                if name is None:
+                    ranks = (
+                        list(range(dist.get_world_size()))
+                        if group is None or group is dist.group.WORLD
+                        else list(dist.get_process_group_ranks(group))
+                    )
+                    kind = "world" if len(ranks) == dist.get_world_size() else "other"
+                    name = "world" if kind == "world" else "pg-" + "-".join(map(str, ranks))
+                    self._names[key] = name
+                    self.recorder.register_comm(name, kind, ranks)
+        return name
+
+    def _next(self, comm: str, step: int = 1, offset: int = 0) -> int:
+        with self._lock:
+            n = self._seq.get(comm, 0)
+            self._seq[comm] = n + 1
+        return n * step + offset
+
+    def _p2p(self, me: int, peer: int, sending: bool) -> tuple[str, int]:
+        """A pair's comm; seq = 2k + direction, so that a send and its recv agree."""
+        a, b = (me, peer) if sending else (peer, me)  # the message goes a -> b
+        lo, hi = min(a, b), max(a, b)
+        comm = f"p2p-{lo}-{hi}"
+        if comm not in self._pairs:
+            self._pairs.add(comm)
+            self.recorder.register_comm(comm, "p2p", [lo, hi])
+        return comm, self._next(f"{comm}:{a}>{b}", 2, 0 if a < b else 1)
+
+    # -- wrapping --------------------------------------------------------------------------------
+    def _wrap(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        params = list(inspect.signature(original).parameters.values())
+        index = {p.name: i for i, p in enumerate(params)}
+        defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+        op = COLLECTIVES.get(name) or P2P[name]
+        p2p = name in P2P
+        always_async = name in ASYNC_P2P
+        payload = next(
+            (
+                k
+                for k in ("tensor", "input_tensor", "input", "input_list", "input_tensor_list")
+                if k in index
+            ),
+            None,
+        )
+
+        def arg(args: tuple[Any, ...], kwargs: dict[str, Any], key: str) -> Any:
+            i = index.get(key)
+            if i is not None and i < len(args):
+                return args[i]
+            return kwargs.get(key, defaults.get(key))
+
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if getattr(self._local, "inside", False):  # a wrapped call made by another one
+                return original(*args, **kwargs)
+            try:
+                group = arg(args, kwargs, "group")
+                if p2p:
+                    sending = op == "send"
+                    peer = arg(args, kwargs, "dst" if sending else "src")
+                    if peer is None:
+                        group_peer = arg(args, kwargs, "group_dst" if sending else "group_src")
+                        peer = dist.get_global_rank(group, group_peer)
+                    comm, seq = self._p2p(self.rank, int(peer), sending)
+                else:
+                    comm, peer = self._comm(group), None
+                    seq = self._next(comm)
+                nbytes = _nbytes(arg(args, kwargs, payload)) if payload else 0
+                asynchronous = always_async or bool(arg(args, kwargs, "async_op"))
+            except Exception:  # noqa: BLE001 - never into the training loop
+                self.errors += 1
+                return original(*args, **kwargs)
+            start = self.clock()
+            self._local.inside = True
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                self._local.inside = False
+            if asynchronous and result is not None:
+                return self._on_done(result, comm, seq, op, nbytes, start, peer)
+            self._record(comm, seq, op, nbytes, start, self.clock(), peer)
+            return result
+
+        return wrapper
+
+    def _on_done(
+        self, work: Any, comm: str, seq: int, op: str, nbytes: int, start: int, peer: int | None
+    ) -> Any:
+        """Record when the asynchronous call completes: from its future where the backend has
+        one; otherwise (gloo's send/recv) when the caller's ``wait()`` returns."""
+
+        def done(*_: Any) -> None:
+            self._record(comm, seq, op, nbytes, start, self.clock(), peer)
+
+        try:
+            work.get_future().add_done_callback(done)
+            return work
+        except Exception:  # noqa: BLE001 - no futures for this work
+            return _TimedWork(work, done)
+
+    def _record(
+        self,
+        comm: str,
+        seq: int,
+        op: str,
+        nbytes: int,
+        start: int,
+        end: int | None,
+        peer: int | None,
+    ) -> None:
+        try:
+            self.recorder.record_collective(
+                rank=self.rank,
+                comm=comm,
+                seq=seq,
+                op=op,
+                nbytes=nbytes,
+                start_ns=start,
+                end_ns=end,
+                peer=peer,
+            )
+            self.recorded += 1
+        except Exception:  # noqa: BLE001
+            self.errors += 1
+
+    # -- DDP -------------------------------------------------------------------------------------
+    def ddp_hook(
+        self, name: str = "dp", kind: str = "dp", group: Any = None
+    ) -> Callable[[Any, Any], torch.futures.Future[torch.Tensor]]:
+        """A DDP comm hook doing what DDP's default does (divide by the group size, all-reduce
+        the bucket) and timing each bucket's all-reduce. Use it as
+        ``ddp.register_comm_hook(None, instrumentation.ddp_hook())``."""
+        ranks = (
+            list(range(dist.get_world_size()))
+            if group is None
+            else list(dist.get_process_group_ranks(group))
+        )
+        self.recorder.register_comm(name, kind, ranks)  # its own id: DDP's buckets only
+        all_reduce = self._originals.get("all_reduce", dist.all_reduce)
+        size = dist.get_world_size(group)
+
+        def hook(_state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:  # noqa: D401
+            tensor = bucket.buffer()
+            tensor.div_(size)
+            seq = self._next(name)
+            start = self.clock()
+            fut = all_reduce(tensor, group=group, async_op=True).get_future()
+
+            def done(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+                self._record(name, seq, "allreduce", _nbytes(tensor), start, self.clock(), None)
+                return f.value()[0]
+
+            return fut.then(done)
+
+        # DDP checks the annotations as objects (this module's are strings)
+        hook.__annotations__ = {
+            "_state": object,
+            "bucket": dist.GradBucket,
+            "return": torch.futures.Future[torch.Tensor],
+        }
+        return hook

@@ -1,0 +1,155 @@
+"""agents.torch with real PyTorch processes on gloo: every op recorded consistently across ranks,
+async completion, DDP buckets timed, and training results bit-identical with and without it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip(
+    "torch", reason="PyTorch not installed (optional extra failslow[torch])"
+)
+mp = pytest.importorskip("torch.multiprocessing")
+
+from agents import wire  # noqa: E402
+
+WORLD = 2
+
+
+def _init(rank: int, port: int) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+
+
+def _train(steps: int, instrument: Any | None) -> list[float]:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    ddp = DDP(model, bucket_cap_mb=0.001)  # several buckets per step
+    if instrument is not None:
+        ddp.register_comm_hook(None, instrument.ddp_hook("dp", "dp"))
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1 + dist.get_rank())
+    losses = []
+    for step in range(steps):
+        x = torch.randn(8, 16, generator=g)
+        y = x.sum(dim=1, keepdim=True)
+        ctx = instrument.step(step) if instrument is not None else _null()
+        with ctx:
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(ddp(x), y)
+            loss.backward()
+            opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _worker(rank: int, port: int, spool: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from agents.sdk import Recorder
+    from agents.torch import Instrumentation
+
+    _init(rank, port)
+    plain = _train(6, None)
+    rec = Recorder("torch-job", spool_dir=spool, flush_interval_s=0.01)
+    inst = Instrumentation(rec).install()
+    instrumented = _train(6, inst)
+    t = torch.arange(1000, dtype=torch.float32) + rank
+    dist.all_reduce(t)
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    gathered = torch.empty(2000)
+    dist.all_gather_into_tensor(gathered, torch.ones(1000) * rank)
+    dist.broadcast(t, src=0)
+    dist.barrier()
+    if rank == 0:
+        dist.send(torch.ones(10), dst=1)
+        dist.isend(torch.ones(10), dst=1).wait()
+        buf = torch.empty(5)
+        dist.recv(buf, src=1)
+    else:
+        buf = torch.empty(10)
+        dist.recv(buf, src=0)
+        dist.irecv(buf, src=0).wait()
+        dist.send(torch.ones(5), dst=0)
+    inst.uninstall()
+    assert rec.flush(timeout_s=20)
+    rec.close()
+    torch.save({"plain": plain, "instrumented": instrumented, "errors": inst.errors}, out)
+    dist.destroy_process_group()
+
+
+def _records(spool: Path) -> list[list[Any]]:
+    items: list[list[Any]] = []
+    for f in sorted(spool.glob("*.jsonl")):
+        _, got = wire.decode_payload(f.read_bytes())
+        items += got
+    return items
+
+
+@pytest.mark.e2e
+def test_two_gloo_ranks_record_everything_and_train_identically(tmp_path: Path) -> None:
+    from tests.live import free_port
+
+    port = free_port()
+    spool = tmp_path / "spool"
+    procs = []
+    ctx = mp.get_context("spawn")
+    for rank in range(WORLD):
+        p = ctx.Process(
+            target=_worker, args=(rank, port, str(spool), str(tmp_path / f"out{rank}.pt"))
+        )
+        p.start()
+        procs.append(p)
+    for p in procs:
+        p.join(timeout=180)
+        assert p.exitcode == 0
+    for rank in range(WORLD):
+        res = torch.load(tmp_path / f"out{rank}.pt")
+        assert res["plain"] == res["instrumented"]  # bit-identical losses
+        assert res["errors"] == 0
+    items = _records(spool)
+    colls = [wire.collective_dict(m) for m in items if m[0] == "c"]
+    comms = {m[1]: m for m in items if m[0] == "m"}
+    assert comms["dp"][2] == "dp" and comms["world"][3] == [0, 1] and "p2p-0-1" in comms
+    by_key: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
+    for c in colls:
+        by_key.setdefault((c["comm"], c["seq"]), {})[c["rank"]] = c
+        assert c["end_ns"] is not None and c["end_ns"] >= c["start_ns"]
+    # every collective was seen on both ranks with the same op
+    for (comm, _seq), members in by_key.items():
+        assert sorted(members) == [0, 1], (comm, members)
+        ops = {m["op"] for m in members.values()}
+        assert ops == {"send", "recv"} if comm.startswith("p2p-") else len(ops) == 1, ops
+    ops = sorted({(c["comm"], c["op"]) for c in colls})
+    assert ("world", "allreduce") in ops and ("world", "allgather") in ops
+    assert ("world", "broadcast") in ops and ("world", "barrier") in ops
+    assert ("p2p-0-1", "send") in ops and ("p2p-0-1", "recv") in ops
+    dp = [c for c in colls if c["comm"] == "dp"]
+    assert len(dp) >= 2 * 6  # at least one gradient bucket per step, 6 steps, 2 ranks
+    world_ar = sorted(
+        (c["seq"], c["bytes"]) for c in colls if c["comm"] == "world" and c["op"] == "allreduce"
+    )
+    assert world_ar[:2] == [(0, 4000), (0, 4000)]  # 1000 float32, sequence 0 on both ranks
+    p2p = [c for c in colls if c["comm"] == "p2p-0-1"]
+    send_seqs = sorted(c["seq"] for c in p2p if c["op"] == "send")
+    recv_seqs = sorted(c["seq"] for c in p2p if c["op"] == "recv")
+    assert send_seqs == recv_seqs == [0, 1, 2]  # 0->1 twice (0, 2), 1->0 once (1)
+    steps = [m for m in items if m[0] == "s"]
+    assert len(steps) == 2 * 6
