@@ -6,13 +6,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.actions.engine import Mitigation
 from service.auth import Role, check
 from service.detection.engine import DetectionEngine
+from service.errors import Forbidden
+from service.ingest.wire import ID_RE
 from service.jobs.registry import JobRegistry
 from service.metrics import Metrics
 from service.settings import Settings
@@ -53,6 +55,26 @@ def require(role: Role) -> Callable[[Request, AppContext], None]:
     return dependency
 
 
+def require_any(*roles: Role) -> Callable[[Request, AppContext], None]:
+    """A token with any one of ``roles`` (403 only when it has none of them)."""
+
+    def dependency(request: Request, ctx: CtxDep) -> None:
+        for role in roles[:-1]:
+            try:
+                check(request, ctx.settings.auth, role)
+                return
+            except Forbidden:
+                continue
+        check(request, ctx.settings.auth, roles[-1])
+
+    return dependency
+
+
+JobId = Annotated[str, Path(pattern=ID_RE.pattern)]
 ReadAuth = Depends(require(Role.READ))
 IngestAuth = Depends(require(Role.INGEST))
 OperatorAuth = Depends(require(Role.OPERATOR))
+# what replay tools and training jobs call (flush, evaluate, declare, acknowledge)
+JobClientAuth = Depends(require_any(Role.INGEST, Role.OPERATOR))
+# training jobs read their plan with the agents' token; readers too
+PlanReadAuth = Depends(require_any(Role.INGEST, Role.READ))

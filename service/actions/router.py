@@ -16,13 +16,12 @@ from service.actions.schemas import (
     event_out,
     to_out,
 )
-from service.context import CtxDep, OperatorAuth, ReadAuth, SessionDep
+from service.context import CtxDep, JobId, OperatorAuth, ReadAuth, SessionDep
 from service.errors import NotFound
 from service.jobs import service as jobs_db
 
 router = APIRouter(tags=["actions"])
 ActionId = Annotated[str, Path(max_length=40)]
-JobId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")]
 
 
 @router.get(

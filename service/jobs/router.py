@@ -1,15 +1,14 @@
-"""``/v1/jobs``: summaries, detail, ranks, incidents of a job, and flush."""
+"""``/v1/jobs``: summaries, detail, ranks, incidents of a job; flush and evaluate."""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Query
 from starlette.concurrency import run_in_threadpool
 
-from service.auth import Role, check
-from service.context import AppContext, CtxDep, ReadAuth, SessionDep, get_ctx
-from service.errors import Forbidden, NotFound
+from service.context import AppContext, CtxDep, JobClientAuth, JobId, ReadAuth, SessionDep
+from service.errors import NotFound
 from service.incidents import service as incidents
 from service.incidents.schemas import IncidentOut
 from service.jobs import service as jobs_db
@@ -17,16 +16,6 @@ from service.jobs import views
 from service.jobs.schemas import JobDetail, JobSummary, RankOut
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
-
-JobId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")]
-
-
-def _flush_auth(request: Request, ctx: Annotated[AppContext, Depends(get_ctx)]) -> None:
-    """Flush is for replay tools (ingest tokens) and operators."""
-    try:
-        check(request, ctx.settings.auth, Role.INGEST)
-    except Forbidden:
-        check(request, ctx.settings.auth, Role.OPERATOR)
 
 
 @router.get("", response_model=list[JobSummary], dependencies=[ReadAuth], summary="List jobs")
@@ -86,27 +75,40 @@ def job_incidents(
     return [incidents.to_out(r) for r in incidents.list_incidents(session, job=job, state=state)]
 
 
+def _run_and_summarise(ctx: AppContext, job: str, *, flush: bool, mitigate: bool) -> JobSummary:
+    with ctx.sessions() as session:
+        if jobs_db.get_job(session, job=job) is None:
+            raise NotFound(f"no job {job!r}")
+    state = ctx.jobs.get_or_load(job)
+    ctx.detection.run_job(state, flush=flush)
+    if mitigate:
+        ctx.mitigation.run_job(job)
+    with ctx.sessions() as session:
+        row = jobs_db.get_job(session, job=job)
+        assert row is not None
+        return views.summary(
+            row,
+            jobs=ctx.jobs,
+            engine=ctx.detection,
+            kinds=views.open_counts(session, job=job).get(job, {}),
+        )
+
+
 @router.post(
     "/{job}/flush",
     response_model=JobSummary,
-    dependencies=[Depends(_flush_auth)],
+    dependencies=[JobClientAuth],
     summary="Run detection over everything received for the job",
 )
 async def flush(job: JobId, ctx: CtxDep) -> JobSummary:
-    def _run() -> JobSummary:
-        with ctx.sessions() as session:
-            if jobs_db.get_job(session, job=job) is None:
-                raise NotFound(f"no job {job!r}")
-        state = ctx.jobs.get_or_load(job)
-        ctx.detection.run_job(state, flush=True)
-        with ctx.sessions() as session:
-            row = jobs_db.get_job(session, job=job)
-            assert row is not None
-            return views.summary(
-                row,
-                jobs=ctx.jobs,
-                engine=ctx.detection,
-                kinds=views.open_counts(session, job=job).get(job, {}),
-            )
+    return await run_in_threadpool(_run_and_summarise, ctx, job, flush=True, mitigate=False)
 
-    return await run_in_threadpool(_run)
+
+@router.post(
+    "/{job}/evaluate",
+    response_model=JobSummary,
+    dependencies=[JobClientAuth],
+    summary="Run detection and the mitigation policy for the job now (replay tools, tests)",
+)
+async def evaluate(job: JobId, ctx: CtxDep) -> JobSummary:
+    return await run_in_threadpool(_run_and_summarise, ctx, job, flush=False, mitigate=True)

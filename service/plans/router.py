@@ -1,20 +1,16 @@
-"""``/v1/jobs/{job}/plan``: the execution plan training jobs poll (with ETag), and the workload
-they declare so that a rebalance knows the global batch."""
+"""``/v1/jobs/{job}/plan``: the execution plan training jobs poll (with ETag) and acknowledge,
+and the workload they declare so that a rebalance knows the global batch."""
 
 from __future__ import annotations
 
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Path, Request, Response
-from starlette.concurrency import run_in_threadpool
+from fastapi import APIRouter, Header, Response
 
-from service.auth import Role, check
-from service.context import AppContext, CtxDep, ReadAuth, SessionDep, get_ctx
-from service.errors import Forbidden, NotFound
+from service.context import CtxDep, JobClientAuth, JobId, PlanReadAuth, ReadAuth, SessionDep
+from service.errors import NotFound
 from service.jobs import service as jobs_db
-from service.jobs import views
-from service.jobs.schemas import JobSummary
 from service.plans import service as plans
 from service.plans.schemas import (
     PlanAck,
@@ -26,23 +22,6 @@ from service.plans.schemas import (
 )
 
 router = APIRouter(prefix="/v1/jobs", tags=["plans"])
-JobId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")]
-
-
-def _job_client_auth(request: Request, ctx: Annotated[AppContext, Depends(get_ctx)]) -> None:
-    """What training jobs call (declare, evaluate) takes an ingest or an operator token."""
-    try:
-        check(request, ctx.settings.auth, Role.INGEST)
-    except Forbidden:
-        check(request, ctx.settings.auth, Role.OPERATOR)
-
-
-def _plan_reader_auth(request: Request, ctx: Annotated[AppContext, Depends(get_ctx)]) -> None:
-    """Training jobs read their plan with the agents' ingest token; readers too."""
-    try:
-        check(request, ctx.settings.auth, Role.INGEST)
-    except Forbidden:
-        check(request, ctx.settings.auth, Role.READ)
 
 
 def _match(header: str | None, tag: str) -> bool:
@@ -56,7 +35,7 @@ def _match(header: str | None, tag: str) -> bool:
 @router.get(
     "/{job}/plan",
     response_model=PlanOut,
-    dependencies=[Depends(_plan_reader_auth)],
+    dependencies=[PlanReadAuth],
     summary="The job's current plan (conditional GET with If-None-Match -> 304)",
     responses={304: {"description": "Not modified: the ETag still matches"}},
 )
@@ -99,7 +78,7 @@ def plan_history(job: JobId, session: SessionDep) -> list[PlanVersionOut]:
 @router.post(
     "/{job}/plan/ack",
     response_model=PlanVersionOut,
-    dependencies=[Depends(_job_client_auth)],
+    dependencies=[JobClientAuth],
     summary="The training job says from which step it runs a plan version",
 )
 def ack_plan(job: JobId, body: PlanAck, ctx: CtxDep, session: SessionDep) -> PlanVersionOut:
@@ -117,7 +96,7 @@ def ack_plan(job: JobId, body: PlanAck, ctx: CtxDep, session: SessionDep) -> Pla
 @router.put(
     "/{job}/workload",
     response_model=WorkloadOut,
-    dependencies=[Depends(_job_client_auth)],
+    dependencies=[JobClientAuth],
     summary="Declare the job's global batch (what micro-batch shares must sum to)",
 )
 def put_workload(job: JobId, body: WorkloadIn, session: SessionDep) -> WorkloadOut:
@@ -130,30 +109,3 @@ def put_workload(job: JobId, body: WorkloadIn, session: SessionDep) -> WorkloadO
     return WorkloadOut(
         job=job, global_batch=row.global_batch, unit=body.unit, updated_ns=row.updated_ns
     )
-
-
-@router.post(
-    "/{job}/evaluate",
-    response_model=JobSummary,
-    dependencies=[Depends(_job_client_auth)],
-    summary="Run detection and the mitigation policy for the job now (replay tools, tests)",
-)
-async def evaluate(job: JobId, ctx: CtxDep) -> JobSummary:
-    def _run() -> JobSummary:
-        with ctx.sessions() as session:
-            if jobs_db.get_job(session, job=job) is None:
-                raise NotFound(f"no job {job!r}")
-        state = ctx.jobs.get_or_load(job)
-        ctx.detection.run_job(state)
-        ctx.mitigation.run_job(job)
-        with ctx.sessions() as session:
-            row = jobs_db.get_job(session, job=job)
-            assert row is not None
-            return views.summary(
-                row,
-                jobs=ctx.jobs,
-                engine=ctx.detection,
-                kinds=views.open_counts(session, job=job).get(job, {}),
-            )
-
-    return await run_in_threadpool(_run)
