@@ -166,13 +166,13 @@ class Mitigation:
         ``plan_ack_timeout_s``: comparing compute against shares it no longer runs would
         make its healthy ranks look slow."""
         with session_scope(self.sessions) as s:
-            version, body, created = plans.current(s, job=job)
-            row = plans.version(s, job=job, version=version) if version else None
-            acked = row is not None and row.applied_step is not None
-        shares = body.get("microbatch_shares")
-        if not shares or acked or self._adopted.get(job) == version:
+            row = plans.newest(s, job=job)
+        if row is None:
             return
-        if self.clock() - created < self.settings.plan_ack_timeout_s * 1e9:
+        version, shares = row.version, (row.body or {}).get("microbatch_shares")
+        if not shares or row.applied_step is not None or self._adopted.get(job) == version:
+            return
+        if self.clock() - row.created_ns < self.settings.plan_ack_timeout_s * 1e9:
             return
         state = self.jobs.get(job)
         if state is None:
@@ -404,16 +404,17 @@ class Mitigation:
 
     def _publish(self, request: ActionRequest) -> dict[str, Any]:
         """The plan actuator's effect: the new plan version for a rebalance or re-plan."""
-        change: dict[str, Any] = {}
         if request.kind == "rebalance":
-            change["microbatch_shares"] = list(request.params["microbatch_shares"])
-        elif request.kind == "replan":
-            change["rank_order"] = dict(request.params["rank_order"])
-        else:
-            return {"published": False, "note": f"a {request.kind} does not change the plan"}
-        return self._plan_change(request, change)
+            shares = list(request.params["microbatch_shares"])
+            return self._plan_change(request, {"microbatch_shares": shares})
+        if request.kind == "replan":
+            orders = dict(request.params["rank_order"])
+            return self._plan_change(
+                request, lambda plan: {"rank_order": {**plan["rank_order"], **orders}}
+            )
+        return {"published": False, "note": f"a {request.kind} does not change the plan"}
 
-    def _plan_change(self, request: ActionRequest, change: dict[str, Any]) -> dict[str, Any]:
+    def _plan_change(self, request: ActionRequest, change: plans.Change) -> dict[str, Any]:
         with session_scope(self.sessions) as s:
             version, created = plans.publish(
                 s,
@@ -431,20 +432,19 @@ class Mitigation:
         """What failslow itself does once an action succeeded (whatever its actuator)."""
         state = self.jobs.get(request.job)
         if request.kind == "isolate":
-            with session_scope(self.sessions) as s:
-                _, plan, _ = plans.current(s, job=request.job)
             host = str(request.params.get("host"))
-            change = {
-                "excluded_hosts": sorted({*plan["excluded_hosts"], host}),
-                "excluded_ranks": sorted(
-                    {*plan["excluded_ranks"], *request.params.get("ranks", [])}
-                ),
-            }
-            return self._plan_change(request, change)
+            ranks = list(request.params.get("ranks", []))
+            return self._plan_change(
+                request,
+                lambda plan: {
+                    "excluded_hosts": sorted({*plan["excluded_hosts"], host}),
+                    "excluded_ranks": sorted({*plan["excluded_ranks"], *ranks}),
+                },
+            )
         if request.kind == "restart":
-            with session_scope(self.sessions) as s:
-                _, plan, _ = plans.current(s, job=request.job)
-            out = self._plan_change(request, {"restart_epoch": int(plan["restart_epoch"]) + 1})
+            out = self._plan_change(
+                request, lambda plan: {"restart_epoch": int(plan["restart_epoch"]) + 1}
+            )
             if state is not None:
                 with state.lock:
                     out["abandoned_collectives"] = state.assembler.abandon()

@@ -461,11 +461,3 @@ def decide_restore(
         key=f"restore-after-v{version}",
     )
     return Decision((spec,), why)
-
-
-def as_views(rows: Sequence[Any]) -> tuple[PastAction, ...]:
-    """Past actions from rows with the same attribute names (the ORM model)."""
-    return tuple(
-        PastAction(r.id, r.incident_id, r.kind, r.target, r.state, r.created_ns, r.executed_ns)
-        for r in rows
-    )

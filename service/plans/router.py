@@ -47,14 +47,16 @@ def get_plan(
 ) -> PlanOut | Response:
     if jobs_db.get_job(session, job=job) is None:
         raise NotFound(f"no job {job!r}")
-    version, body, created = plans.current(session, job=job)
+    row = plans.newest(session, job=job)
+    version = row.version if row is not None else 0
     tag = plans.etag(job, version)
     headers = {"ETag": tag, "Cache-Control": "no-cache"}
     if _match(if_none_match, tag):
         return Response(status_code=304, headers=headers)
     response.headers.update(headers)
-    row = plans.version(session, job=job, version=version) if version else None
-    return plan_out(job, version, body, created, row.applied_step if row is not None else None)
+    if row is None:
+        return plan_out(job, 0, dict(plans.EMPTY), 0)
+    return plan_out(job, version, {**plans.EMPTY, **row.body}, row.created_ns, row.applied_step)
 
 
 @router.get(

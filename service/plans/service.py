@@ -7,6 +7,7 @@ training job can always apply the newest version alone. Versions only grow.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import select
@@ -26,14 +27,22 @@ EMPTY: dict[str, Any] = {
 }
 
 
-def current(session: Session, *, job: str) -> tuple[int, dict[str, Any], int]:
-    """``(version, body, created_ns)``; version 0 is the implicit initial plan."""
-    row = session.scalars(
+Change = dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def newest(session: Session, *, job: str) -> PlanVersion | None:
+    """The newest published version (None: the job runs the implicit initial plan)."""
+    return session.scalars(
         select(PlanVersion)
         .where(PlanVersion.job_id == job)
         .order_by(PlanVersion.version.desc())
         .limit(1)
     ).first()
+
+
+def current(session: Session, *, job: str) -> tuple[int, dict[str, Any], int]:
+    """``(version, body, created_ns)``; version 0 is the implicit initial plan."""
+    row = newest(session, job=job)
     if row is None:
         return 0, dict(EMPTY), 0
     return row.version, {**EMPTY, **row.body}, row.created_ns
@@ -52,12 +61,16 @@ def publish(
     session: Session,
     *,
     job: str,
-    change: dict[str, Any],
+    change: Change,
     reason: str,
     action_id: str | None,
     now_ns: int,
 ) -> tuple[int, bool]:
     """Publish ``current + change`` as a new version. Returns ``(version, created)``.
+
+    ``change`` is the fields to replace, or a function of the current body returning them
+    (for changes that build on it: adding an excluded host, merging ring orders), evaluated
+    on the version it is published on top of, so a concurrent writer's change is never lost.
 
     Idempotent per action: if the action already published a version, that version is returned.
     Two writers racing for the same version number: the loser retries on top of the winner.
@@ -70,9 +83,8 @@ def publish(
             return done.version, False
     for _ in range(5):
         version, body, _ = current(session, job=job)
-        new = {**body, **change, "reason": reason}
-        if "rank_order" in change:
-            new["rank_order"] = {**body.get("rank_order", {}), **change["rank_order"]}
+        fields = change(body) if callable(change) else change
+        new = {**body, **fields, "reason": reason}
         row = PlanVersion(
             job_id=job,
             version=version + 1,
@@ -119,14 +131,11 @@ def applied_shares(session: Session, *, job: str) -> tuple[list[int], int | None
     assumed applied as well (with no step: from now), so that a job whose client does not
     acknowledge is not compared against shares it no longer runs.
     """
-    rows = history(session, job=job)
-    if not rows:
+    row = newest(session, job=job)
+    shares = (row.body or {}).get("microbatch_shares") if row is not None else None
+    if row is None or not shares:
         return None
-    newest = rows[-1]
-    shares = {**EMPTY, **newest.body}.get("microbatch_shares")
-    if not shares:
-        return None
-    return list(shares), newest.applied_step
+    return list(shares), row.applied_step
 
 
 def history(session: Session, *, job: str) -> list[PlanVersion]:
