@@ -25,7 +25,7 @@ import httpx
 
 from agents.plan import PlanClient
 from agents.sdk import Recorder
-from agents.simulator import Fault, Layout, Scenario
+from agents.simulator import Fault, Layout, Scenario, closedloop
 from agents.simulator.engine import Noise, Simulation, Workload
 
 JOB = "demo-llm-64"
@@ -290,13 +290,7 @@ class Demo:
         plan = self.plans.poll()
         if plan is None:
             return
-        step = sim.apply_plan(
-            version=plan.version,
-            shares=plan.microbatch_shares,
-            rank_order=plan.rank_order,
-            excluded_hosts=plan.excluded_hosts,
-            restart_epoch=plan.restart_epoch,
-        )
+        step = closedloop.follow(sim, plan)
         self.plans.ack(plan, step)
         for host in self.scenario.layout.hosts:  # re-created communicators are announced
             for c in sim.comms_of_host(host):

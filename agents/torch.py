@@ -56,6 +56,13 @@ def _nbytes(value: Any) -> int:
     return 0
 
 
+def _ranks(group: Any) -> list[int]:
+    """Global ranks of a process group (None or WORLD: every rank), in group order."""
+    if group is None or group is dist.group.WORLD:
+        return list(range(dist.get_world_size()))
+    return list(dist.get_process_group_ranks(group))
+
+
 class _TimedWork:
     """A ``Work`` whose completion is noted at the first successful ``wait()``."""
 
@@ -122,13 +129,8 @@ class Instrumentation:
 
     def register_group(self, name: str, kind: str, group: Any = None) -> None:
         """Name a process group (``kind``: dp, tp, pp, ep, cp, world, other) and announce it."""
-        ranks = (
-            list(range(dist.get_world_size()))
-            if group is None
-            else list(dist.get_process_group_ranks(group))
-        )
         self._names[id(group if group is not None else dist.group.WORLD)] = name
-        self.recorder.register_comm(name, kind, ranks)
+        self.recorder.register_comm(name, kind, _ranks(group))
 
     @contextlib.contextmanager
     def step(self, step: int) -> Iterator[None]:
@@ -143,11 +145,7 @@ class Instrumentation:
             with self._lock:
                 name = self._names.get(key)
                 if name is None:
-                    ranks = (
-                        list(range(dist.get_world_size()))
-                        if group is None or group is dist.group.WORLD
-                        else list(dist.get_process_group_ranks(group))
-                    )
+                    ranks = _ranks(group)
                     kind = "world" if len(ranks) == dist.get_world_size() else "other"
                     name = "world" if kind == "world" else "pg-" + "-".join(map(str, ranks))
                     self._names[key] = name
@@ -274,12 +272,7 @@ class Instrumentation:
         """A DDP comm hook doing what DDP's default does (divide by the group size, all-reduce
         the bucket) and timing each bucket's all-reduce. Use it as
         ``ddp.register_comm_hook(None, instrumentation.ddp_hook())``."""
-        ranks = (
-            list(range(dist.get_world_size()))
-            if group is None
-            else list(dist.get_process_group_ranks(group))
-        )
-        self.recorder.register_comm(name, kind, ranks)  # its own id: DDP's buckets only
+        self.recorder.register_comm(name, kind, _ranks(group))  # its own id: DDP's buckets only
         all_reduce = self._originals.get("all_reduce", dist.all_reduce)
         size = dist.get_world_size(group)
 

@@ -60,6 +60,19 @@ class LoopResult:
         return out
 
 
+def follow(sim: Simulation, plan: Plan, *, restart_s: float = 30.0) -> int:
+    """What a training loop does with a new plan: apply it from its next step boundary
+    (returned; acknowledge the plan with it)."""
+    return sim.apply_plan(
+        version=plan.version,
+        shares=plan.microbatch_shares,
+        rank_order=plan.rank_order,
+        excluded_hosts=plan.excluded_hosts,
+        restart_epoch=plan.restart_epoch,
+        restart_s=restart_s,
+    )
+
+
 def run(
     scenario: Scenario,
     http: httpx.Client,
@@ -81,9 +94,10 @@ def run(
     steps: dict[int, list[float]] = defaultdict(list)
     result = LoopResult(job=job, step_time={})
     decided: set[str] = set()
-    last = [Plan()]
+    last = Plan()
 
     def on_batch(s: Simulation, _t: float) -> None:
+        nonlocal last
         http.post(f"/v1/jobs/{job}/evaluate").raise_for_status()
         if operator is not None:
             for a in http.get(f"/v1/jobs/{job}/actions", params={"state": "proposed"}).json():
@@ -102,21 +116,13 @@ def run(
             http.post(f"/v1/jobs/{job}/evaluate").raise_for_status()
         plan = plans.poll()
         if plan is not None:
-            prev = last[0]
             effective = (
-                plan.microbatch_shares != prev.microbatch_shares
-                or plan.rank_order != prev.rank_order
-                or plan.restart_epoch > prev.restart_epoch
+                plan.microbatch_shares != last.microbatch_shares
+                or plan.rank_order != last.rank_order
+                or plan.restart_epoch > last.restart_epoch
             )
-            last[0] = plan
-            start = s.apply_plan(
-                version=plan.version,
-                shares=plan.microbatch_shares,
-                rank_order=plan.rank_order,
-                excluded_hosts=plan.excluded_hosts,
-                restart_epoch=plan.restart_epoch,
-                restart_s=restart_s,
-            )
+            last = plan
+            start = follow(s, plan, restart_s=restart_s)
             if effective:  # an isolation alone changes nothing until the restart
                 result.applied.append((start, plan.version))
             if ack:

@@ -156,6 +156,8 @@ class Simulation:
 
     def _gone(self, fault: Fault) -> bool:
         """The fault's hardware left the job (its host was replaced after an isolation)."""
+        if not self.replaced:  # the common case, on every compute segment: no set building
+            return False
         hosts = set(fault.hosts) | {self.layout.host(r) for r in fault.ranks}
         return bool(hosts) and hosts <= self.replaced
 
