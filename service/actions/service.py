@@ -35,7 +35,7 @@ def idempotency_key(job: str, incident: str | None, spec: ActionSpec) -> str:
 
 def _event(
     session: Session,
-    action: Action,
+    action_id: str,
     *,
     frm: str | None,
     to: str,
@@ -45,7 +45,7 @@ def _event(
 ) -> None:
     session.add(
         ActionEvent(
-            action_id=action.id, at_ns=now_ns, from_state=frm, to_state=to, actor=actor, note=note
+            action_id=action_id, at_ns=now_ns, from_state=frm, to_state=to, actor=actor, note=note
         )
     )
 
@@ -101,7 +101,9 @@ def propose(
         if winner is None:
             raise
         return winner, False
-    _event(session, row, frm=None, to="proposed", actor="policy", note=spec.reason, now_ns=now_ns)
+    _event(
+        session, row.id, frm=None, to="proposed", actor="policy", note=spec.reason, now_ns=now_ns
+    )
     if mode == "auto":
         transition(session, row, to="approved", actor="policy", note="auto mode", now_ns=now_ns)
     return row, True
@@ -115,7 +117,7 @@ def transition(
     frm = action.state
     action.state = to
     action.updated_ns = now_ns
-    _event(session, action, frm=frm, to=to, actor=actor, note=note, now_ns=now_ns)
+    _event(session, action.id, frm=frm, to=to, actor=actor, note=note, now_ns=now_ns)
 
 
 def decide_manually(
@@ -144,15 +146,14 @@ def claim(session: Session, *, action_id: str, now_ns: int) -> bool:
     )
     if res.rowcount != 1:  # type: ignore[attr-defined]
         return False
-    session.add(
-        ActionEvent(
-            action_id=action_id,
-            at_ns=now_ns,
-            from_state="approved",
-            to_state="executing",
-            actor="executor",
-            note="claimed for execution",
-        )
+    _event(
+        session,
+        action_id,
+        frm="approved",
+        to="executing",
+        actor="executor",
+        note="claimed for execution",
+        now_ns=now_ns,
     )
     return True
 
