@@ -226,8 +226,12 @@ class Mitigation:
             excluded_hosts=tuple(plan.get("excluded_hosts", ())),
         )
 
-    def history(self, session: Session, job: str) -> policy.History:
-        rows = actions.list_actions(session, job=job)
+    @staticmethod
+    def learned(
+        session: Session,
+    ) -> tuple[dict[str, float], dict[str, tuple[float, ...]]]:
+        """Per action kind, from the newest measured outcomes of every job: the median cost,
+        and the recoveries (oldest first)."""
         measured = list(
             session.scalars(
                 select(Action)
@@ -246,7 +250,7 @@ class Mitigation:
             rec = [float(o["recovered"]) for o in mine[:10] if o.get("recovered") is not None]
             if rec:
                 recovered[kind] = tuple(reversed(rec))
-        return policy.History(actions=_past(rows), costs=costs, recovered=recovered)
+        return costs, recovered
 
     def _decide(self, job: str) -> None:
         with session_scope(self.sessions) as s:
@@ -255,8 +259,12 @@ class Mitigation:
             if view is None:
                 return
             self._maybe_restore(s, job, view, open_rows)
+            if not open_rows:
+                return
+            costs, recovered = self.learned(s)  # once per pass; the job's actions per incident
             for row in open_rows:
-                hist = self.history(s, job)
+                past = _past(actions.list_actions(s, job=job))  # sees this pass's proposals
+                hist = policy.History(actions=past, costs=costs, recovered=recovered)
                 decision = policy.decide(
                     _incident_view(row), view, hist, self.budgets, view.watermark_ns
                 )
