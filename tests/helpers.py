@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
+
+# ../shared next to the repository (datasets, telemetry fixtures); FAILSLOW_SHARED_DIR overrides
+SHARED = Path(
+    os.environ.get("FAILSLOW_SHARED_DIR") or Path(__file__).resolve().parents[2] / "shared"
+)
 
 T0 = 1_780_000_000_000_000_000
 MS = 1_000_000

@@ -4,25 +4,21 @@ from __future__ import annotations
 
 import json
 import math
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from bench.eval import baselines
 from bench.eval.tcpd_metrics import cover, f1
+from tests.helpers import SHARED
 
-SHARED = (
-    Path(os.environ.get("FAILSLOW_SHARED_DIR") or Path(__file__).resolve().parents[3] / "shared")
-    / "datasets"
-)
-needs_shared = pytest.mark.skipif(not SHARED.exists(), reason=f"{SHARED} not present")
+DATASETS = SHARED / "datasets"
+needs_shared = pytest.mark.skipif(not DATASETS.exists(), reason=f"{DATASETS} not present")
 
 
 @needs_shared
 def test_tcpd_metrics_reproduce_every_published_default_score() -> None:
-    root = SHARED / "tcpd"
+    root = DATASETS / "tcpd"
     locs = json.loads((root / "published" / "default_experiment_cplocations.json").read_text())
     pf1 = json.loads((root / "published" / "scores" / "default_f1_scores.json").read_text())
     pcv = json.loads((root / "published" / "scores" / "default_cover_scores.json").read_text())
@@ -61,7 +57,7 @@ def test_osdi_traces_through_the_pipeline(trace: str) -> None:
     state = JobState(trace, StateSettings())
     pipe = JobPipeline(late_fraction=d.late_fraction, compute_ratio=d.compute_ratio)
     opened = []
-    for env in to_envelopes(SHARED / "stragglers-osdi25", trace):
+    for env in to_envelopes(DATASETS / "stragglers-osdi25", trace):
         assert not state.apply(parse_envelope(env)).rejected
         state.drain_ready()
         for fr in state.frames.advance(

@@ -10,12 +10,9 @@ from pathlib import Path
 import pytest
 
 from agents.sources import flight_recorder as fr
+from tests.helpers import SHARED
 
-FIXTURES = (
-    Path(os.environ.get("FAILSLOW_SHARED_DIR") or Path(__file__).resolve().parents[4] / "shared")
-    / "fixtures"
-    / "telemetry"
-)
+FIXTURES = SHARED / "fixtures" / "telemetry"
 DUMPS = FIXTURES / "flight-recorder-pickle"
 needs_fixtures = pytest.mark.skipif(not DUMPS.exists(), reason=f"{DUMPS} not present")
 

@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
 from agents.sources import nccl_inspector as ni
+from tests.helpers import SHARED
 
-FIXTURES = (
-    Path(os.environ.get("FAILSLOW_SHARED_DIR") or Path(__file__).resolve().parents[4] / "shared")
-    / "fixtures"
-    / "telemetry"
-)
+FIXTURES = SHARED / "fixtures" / "telemetry"
 LAYOUT = FIXTURES / "nccl-inspector-layout-4ranks.jsonl"
 needs_fixtures = pytest.mark.skipif(not FIXTURES.exists(), reason=f"{FIXTURES} not present")
 

@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 
 from agents.sources import nccl_ras as ras
+from tests.helpers import SHARED
 
-FIXTURES = (
-    Path(os.environ.get("FAILSLOW_SHARED_DIR") or Path(__file__).resolve().parents[4] / "shared")
-    / "fixtures"
-    / "telemetry"
-)
+FIXTURES = SHARED / "fixtures" / "telemetry"
 needs_fixtures = pytest.mark.skipif(not FIXTURES.exists(), reason=f"{FIXTURES} not present")
 
 
