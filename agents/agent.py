@@ -10,6 +10,7 @@ as a duplicate. Input files from the SDK spool are deleted only once their recor
 
 from __future__ import annotations
 
+import gzip
 import logging
 import os
 import socket
@@ -66,9 +67,12 @@ class NodeAgent:
         fsync: bool = True,
         backoff_cap_s: float = 10.0,
         inspector: Any = None,
+        archive: str | None = None,
     ) -> None:
         """``inspector``: an :class:`agents.sources.nccl_inspector.InspectorSource` to poll
-        (NCCL Inspector dumps), next to the SDK's socket or spool directory."""
+        (NCCL Inspector dumps), next to the SDK's socket or spool directory. ``archive``: a
+        JSONL file to which every delivered envelope is appended (``failslow replay`` reads it)."""
+        self.archive = Path(archive) if archive else None
         self.job = job
         self.inspector = inspector
         self.host = host or socket.gethostname()
@@ -218,6 +222,8 @@ class NodeAgent:
                     rejected[:3],
                 )
             self.stats.envelopes_sent += 1
+            if self.archive is not None:
+                self._archive(payload)
             self.outbox.ack(seq)
             self.backoff.reset()
             return "ok"
@@ -244,6 +250,15 @@ class NodeAgent:
         )
         self.outbox.bury(seq, self.stats.last_error)
         return "refused"
+
+    def _archive(self, payload: bytes) -> None:
+        assert self.archive is not None
+        try:
+            raw = gzip.decompress(payload) if payload[:2] == b"\x1f\x8b" else payload
+            with self.archive.open("ab") as f:
+                f.write(orjson.dumps(orjson.loads(raw)) + b"\n")
+        except (OSError, ValueError) as exc:
+            log.warning("cannot archive an envelope to %s: %s", self.archive, exc)
 
     def heartbeat(self) -> None:
         with self._lock:

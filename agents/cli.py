@@ -51,11 +51,35 @@ def cmd_agent(args: argparse.Namespace) -> int:
         fsync=not args.no_fsync,
         backoff_cap_s=args.max_backoff,
         inspector=inspector,
+        archive=args.archive,
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     agent.start()
+    probes = None
+    if args.probe_listen or args.flight_recorder_dumps or args.nccl_ras_cmd:
+        from agents.probe import ProbeWorker
+
+        try:
+            probes = ProbeWorker(
+                service=args.service,
+                job=args.job,
+                host=agent.host,
+                listen=args.probe_listen,
+                advertise=args.probe_advertise,
+                token=args.token or os.environ.get("FAILSLOW_TOKEN"),
+                poll_s=args.task_poll,
+                ranks=lambda: sorted(agent.ranks),
+                dump_prefix=args.flight_recorder_dumps,
+                pipe_prefix=args.flight_recorder_pipe,
+                ras_cmd=args.nccl_ras_cmd,
+            ).start()
+        except OSError as exc:
+            print(f"failslow agent: cannot listen on {args.probe_listen}: {exc}", file=sys.stderr)
+            agent.stop(drain_timeout_s=args.drain_timeout)
+            return 2
+        logging.info("service tasks: probes at %s", probes.advertise or "(not listening)")
     where = f"socket {socket_path}" if socket_path else f"spool {args.input_dir}"
     logging.info(
         "agent %s for job %s on %s: reading %s, sending to %s",
@@ -69,6 +93,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
         while not stop.wait(2.0):
             agent.write_stats()
     finally:
+        if probes is not None:
+            probes.stop()
         agent.stop(drain_timeout_s=args.drain_timeout)
         logging.info("agent stopped: %s", json.dumps(dataclasses.asdict(agent.stats)))
     return 0
@@ -132,8 +158,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     from agents.demo import register as register_demo
+    from agents.lab.run import register as register_lab
 
     register_demo(sub)
+    register_lab(sub)
     p = sub.add_parser("agent", help="run a node agent")
     p.add_argument("--service", required=True, help="service URL, e.g. http://10.0.0.5:8000")
     p.add_argument("--job", required=True)
@@ -165,6 +193,30 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--comm-map",
         help='JSON {"by_name": {"DP Group 0": [global ranks...]}, "by_hash": {}, '
         '"world_size": N}: places Inspector communicators in the job',
+    )
+    p.add_argument(
+        "--probe-listen",
+        help="ADDR:PORT for active link probes (the address peers reach this node at); "
+        "without it this agent runs no probes",
+    )
+    p.add_argument("--probe-advertise", help="ADDR:PORT peers should connect to, if different")
+    p.add_argument(
+        "--flight-recorder-dumps",
+        help="TORCH_NCCL_DEBUG_INFO_TEMP_FILE of the job: dumps are <this><rank>",
+    )
+    p.add_argument(
+        "--flight-recorder-pipe",
+        help="TORCH_NCCL_DEBUG_INFO_PIPE_FILE of the job: on a hang, ask for dumps through "
+        "<this><rank>.pipe",
+    )
+    p.add_argument(
+        "--nccl-ras-cmd", help='on a hang, run this for NCCL RAS (e.g. "ncclras -f json")'
+    )
+    p.add_argument(
+        "--task-poll", type=float, default=5.0, help="seconds between polls for service tasks"
+    )
+    p.add_argument(
+        "--archive", help="append every delivered envelope to this JSONL file (for replay)"
     )
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=cmd_agent)

@@ -14,6 +14,11 @@ instrumentation itself are counted and swallowed, the training's own errors pass
 On GPUs a wall clock around an asynchronous NCCL launch measures the launch, not the kernel;
 there, completion times come from the Work's future (which completes when the kernel has), and
 ``ProcessGroupNCCL``'s completion hook can replace it. On CPU/gloo the wall clock is exact.
+
+A call still in flight after ``inflight_after_s`` is reported once with ``end_ns: null`` by a
+watchdog thread (the training thread may be the one that is blocked); the completed record follows
+when it returns. This is what lets the service name the root of a hang: the ranks that never
+entered the collective the others are stuck in.
 """
 
 from __future__ import annotations
@@ -89,9 +94,22 @@ class _TimedWork:
 
 
 class Instrumentation:
-    def __init__(self, recorder: Recorder, *, clock: Callable[[], int] = time.time_ns) -> None:
+    def __init__(
+        self,
+        recorder: Recorder,
+        *,
+        clock: Callable[[], int] = time.time_ns,
+        inflight_after_s: float | None = 1.0,
+    ) -> None:
+        """``inflight_after_s``: report calls blocked this long as in flight (None: never)."""
         self.recorder = recorder
         self.clock = clock
+        self.inflight_after_s = inflight_after_s
+        self.inflight_reported = 0
+        # (comm, seq, rank-side key) -> [op, nbytes, start, peer, reported]
+        self._inflight: dict[tuple[str, int], list[Any]] = {}
+        self._watchdog: threading.Thread | None = None
+        self._stop = threading.Event()
         self.errors = 0
         self.recorded = 0
         self._originals: dict[str, Callable[..., Any]] = {}
@@ -120,12 +138,42 @@ class Instrumentation:
                 continue
             self._originals[name] = original
             setattr(dist, name, self._wrap(name, original))
+        if self.inflight_after_s is not None and self._watchdog is None:
+            self._stop.clear()
+            self._watchdog = threading.Thread(
+                target=self._watch, name="failslow-inflight", daemon=True
+            )
+            self._watchdog.start()
         return self
 
     def uninstall(self) -> None:
         for name, original in self._originals.items():
             setattr(dist, name, original)
         self._originals.clear()
+        self._stop.set()
+        if self._watchdog is not None:
+            self._watchdog.join(timeout=2.0)
+            self._watchdog = None
+
+    def _watch(self) -> None:
+        assert self.inflight_after_s is not None
+        period = min(0.25, self.inflight_after_s / 2)
+        while not self._stop.wait(period):
+            self.report_inflight()
+
+    def report_inflight(self) -> int:
+        """Report (once each) the calls in flight for longer than ``inflight_after_s``."""
+        if self.inflight_after_s is None:
+            return 0
+        limit = self.clock() - int(self.inflight_after_s * 1e9)
+        with self._lock:
+            due = [(k, v) for k, v in self._inflight.items() if not v[4] and v[2] <= limit]
+            for _, v in due:
+                v[4] = True
+        for (comm, seq), (op, nbytes, start, peer, _) in due:
+            self._emit(comm, seq, op, nbytes, start, None, peer)
+        self.inflight_reported += len(due)
+        return len(due)
 
     def register_group(self, name: str, kind: str, group: Any = None) -> None:
         """Name a process group (``kind``: dp, tp, pp, ep, cp, world, other) and announce it."""
@@ -213,6 +261,7 @@ class Instrumentation:
                 self.errors += 1
                 return original(*args, **kwargs)
             start = self.clock()
+            self._begin(comm, seq, op, nbytes, start, peer)
             self._local.inside = True
             try:
                 result = original(*args, **kwargs)
@@ -240,7 +289,27 @@ class Instrumentation:
         except Exception:  # noqa: BLE001 - no futures for this work
             return _TimedWork(work, done)
 
+    def _begin(
+        self, comm: str, seq: int, op: str, nbytes: int, start: int, peer: int | None
+    ) -> None:
+        with self._lock:
+            self._inflight[(comm, seq)] = [op, nbytes, start, peer, False]
+
     def _record(
+        self,
+        comm: str,
+        seq: int,
+        op: str,
+        nbytes: int,
+        start: int,
+        end: int | None,
+        peer: int | None,
+    ) -> None:
+        with self._lock:
+            self._inflight.pop((comm, seq), None)
+        self._emit(comm, seq, op, nbytes, start, end, peer)
+
+    def _emit(
         self,
         comm: str,
         seq: int,
@@ -281,6 +350,7 @@ class Instrumentation:
             tensor.div_(size)
             seq = self._next(name)
             start = self.clock()
+            self._begin(name, seq, "allreduce", _nbytes(tensor), start, None)
             fut = all_reduce(tensor, group=group, async_op=True).get_future()
 
             def done(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:

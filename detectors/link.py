@@ -13,6 +13,10 @@ later).
 Each communicator is compared with two references, and must be slow against both:
 its own fastest sustained bandwidth (the best 10-frame median in recent history, so a fault does
 not become the norm) and the fast end (80th percentile) of communicators of the same kind and size.
+A communicator without such peers (fewer than three of its kind and size: small jobs) must also
+fall outside its own noise: ``z`` robust spreads (median/MAD of log bandwidth over its last
+``noise_frames`` frames) below its median; small collectives on busy hosts jitter by far more
+than 15%, and one fast block would otherwise make every later frame look slow.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ class LinkScores:
     slow: np.ndarray  # (n_comms,) bool
     elevated: np.ndarray  # (n_comms,) bool, relaxed threshold
     host_slow_fraction: np.ndarray  # (n_hosts,) slow cross-host comms / cross-host comms with data
+    beyond_noise: np.ndarray  # (n_comms,) bool: has peers, or is outside its own noise
     suspects: dict[str, tuple[tuple[str, ...], float, tuple[tuple[str, str], ...]]]
     # subject -> (hosts, transfer slowdown, candidate edges)
 
@@ -60,6 +65,45 @@ class LinkDetector:
         self.history_blocks = history_blocks
         self._current: list[np.ndarray] = []
         self._blocks: deque[np.ndarray] = deque(maxlen=history_blocks)
+        self.z = 3.0
+        self.noise_frames = 200
+        self.min_noise_frames = 20
+        self.min_log_spread = 0.02
+        self._log: np.ndarray = np.full((self.noise_frames, 0), np.nan)  # ring of log busbw
+        self._log_n = 0
+
+    def _noise_z(self, busbw: np.ndarray, parent: np.ndarray) -> np.ndarray:
+        """Per comm: robust spreads below its own median log bandwidth (NaN while unknown);
+        then remembers this frame. A re-created comm starts from its predecessor's history."""
+        n = busbw.size
+        if self._log.shape[1] < n:
+            old = self._log.shape[1]
+            grown = np.full((self.noise_frames, n), np.nan)
+            grown[:, :old] = self._log
+            for c in range(old, n):
+                p = int(parent[c]) if c < parent.size else -1
+                if 0 <= p < old:
+                    grown[:, c] = self._log[:, p]
+            self._log = grown
+        with np.errstate(divide="ignore", invalid="ignore"):
+            x = np.log(np.where(busbw > 0, busbw, np.nan))
+        hist = self._log[:, :n]
+        count = np.isfinite(hist).sum(axis=0)
+        z = np.full(n, np.nan)
+        if (count >= self.min_noise_frames).any():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                med = np.nanmedian(hist, axis=0)
+                spread = np.maximum(
+                    1.4826 * np.nanmedian(np.abs(hist - med), axis=0), self.min_log_spread
+                )
+            z = np.where(count >= self.min_noise_frames, (med - x) / spread, np.nan)
+        # outliers are not learnt: a lasting fault must not become the noise (or the median)
+        row = np.where(np.nan_to_num(z, nan=-np.inf) >= self.z, np.nan, x)
+        self._log[self._log_n % self.noise_frames, :n] = row
+        self._log[self._log_n % self.noise_frames, n:] = np.nan
+        self._log_n += 1
+        return z
 
     def baseline(self, n_comms: int) -> np.ndarray:
         """Per comm: the fastest sustained bus bandwidth seen (NaN when never seen)."""
@@ -114,16 +158,19 @@ class LinkDetector:
             np.where(np.isfinite(r_peer), r_peer, np.nan),
         )
         known = np.isfinite(ratio)
+        z = self._noise_z(busbw, parent)
+        beyond_noise = np.isfinite(peer) | (np.nan_to_num(z, nan=-np.inf) >= self.z)
         # slow against every reference it has
         slow = (
             known
             & np.where(np.isfinite(r_own), r_own < self.slow_ratio, True)
             & np.where(np.isfinite(r_peer), r_peer < self.slow_ratio, True)
+            & beyond_noise
         )
-        elevated = known & (ratio < self.relaxed_ratio)
+        elevated = known & (ratio < self.relaxed_ratio) & beyond_noise
         self.learn(busbw)
         host_frac, suspects = self._localise(shape, n_comms, busbw, slow, own)
-        return LinkScores(busbw, ratio, slow, elevated, host_frac, suspects)
+        return LinkScores(busbw, ratio, slow, elevated, host_frac, beyond_noise, suspects)
 
     def _localise(
         self, shape: JobShape, n_comms: int, busbw: np.ndarray, slow: np.ndarray, own: np.ndarray

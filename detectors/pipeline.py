@@ -50,6 +50,9 @@ class _Open:
     hosts: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
     redate_at: int = -1  # frame counter at which to re-date the onset with more data
+    # the numbers of the last report while open: a resolution reports what the fault was, not
+    # the recovered frames it is decided on
+    last: tuple[float, float, float, str, dict[str, Any]] | None = None
 
 
 def _med(a: np.ndarray) -> float:
@@ -236,7 +239,7 @@ class JobPipeline:
         findings += self._redate(frame)
         findings += self._ranks(frame, scores, nodes)
         findings += self._nodes(frame, nodes)
-        findings += self._links(frame, links)
+        findings += self._links(frame, links, scores)
         findings += self._job(frame, scores, nodes, links)
         if self.update_every and self.count % self.update_every == 0:
             fresh = {(f.kind, f.subject) for f in findings}
@@ -271,7 +274,9 @@ class JobPipeline:
             self.cross[:n, p] = peer_ratio(s.compute, self.shape.cross_groups)
         self.link_ratio[:, p] = np.nan
         m = min(n_comms, links.ratio.size)
-        self.link_ratio[:m, p] = links.ratio[:m]
+        # within its own noise counts as healthy (dating and hysteresis agree with detection)
+        r = links.ratio[:m]
+        self.link_ratio[:m, p] = np.where(np.isfinite(r) & ~links.beyond_noise[:m], 1.0, r)
         calls = frame.comm_calls[:n_comms]
         if calls.size:
             with np.errstate(divide="ignore", invalid="ignore"):
@@ -397,18 +402,46 @@ class JobPipeline:
                 out.append(self._finding("resolved", info, key[1], frame))
         return out
 
-    def _links(self, frame: Frame, links: LinkScores) -> list[Finding]:
+    def _compute_hosts(self, s: FrameScores) -> set[str]:
+        """Hosts with a rank that computes slowly now (a suspect this frame, or an open
+        ``slow_gpu``/``slow_node``): a starved CPU or GPU also slows the communication it drives
+        (gloo reduces on the CPU, NCCL kernels share the SMs), which is no evidence of a link."""
         shape = self.shape
         assert shape is not None
-        suspects = {f"slow_link/{k}" for k in links.suspects}
+        out: set[str] = set()
+        host = shape.host_of_slot
+        for slot in np.flatnonzero(s.suspect[: host.size]).tolist():
+            if host[slot] >= 0:
+                out.add(shape.hosts[host[slot]])
+        for (kind, _), info in self.opened.items():
+            if kind in ("slow_gpu", "slow_node"):
+                out.update(h for h in info.hosts if h)
+        return out
+
+    def _links(self, frame: Frame, links: LinkScores, s: FrameScores) -> list[Finding]:
+        shape = self.shape
+        assert shape is not None
+        busy = self._compute_hosts(s)
+        # an open slow NIC explains every slow link of its host: no second incident for them
+        nics = {
+            h for (kind, subj), info in self.opened.items()
+            if kind == "slow_link" and subj.startswith("host:") for h in info.hosts
+        }  # fmt: skip
+        suspects = {
+            f"slow_link/{k}"
+            for k, (hosts, _, _) in links.suspects.items()
+            if not busy.intersection(hosts)
+            and not (k.startswith("link:") and nics.intersection(hosts))
+        }
         # keep an open link subject "elevated" while any of its comms stays below the relaxed ratio
         elevated = set()
         for (kind, subject), info in self.opened.items():
             if kind == "slow_link":
                 comms = info.extra.get("comms", [])
                 # the group's median: with dozens of comms one always dips by jitter alone
+                # a comm back inside its own noise counts as healthy (small jobs: no peers)
                 ratios = [
-                    links.ratio[c]
+                    links.ratio[c] if links.beyond_noise[c] else 1.0
                     for c in comms
                     if c < links.ratio.size and np.isfinite(links.ratio[c])
                 ]
@@ -467,6 +500,13 @@ class JobPipeline:
         last2 = self.f_time[self._positions(self.count - 2)]
         low = float(np.min(last2)) if last2.size == 2 and np.isfinite(last2).all() else float("nan")
         ratio = low / base if np.isfinite(base) and base > 0 else float("nan")
+        # ... and beyond the job's own step-time noise (3 robust spreads over the history): the
+        # steps of a small job on shared CPUs vary by more than 10% with nothing wrong
+        hist = self.f_time[np.isfinite(self.f_time)]
+        if hist.size >= 20 and np.isfinite(ratio):
+            spread = 1.4826 * float(np.median(np.abs(hist - np.median(hist))))
+            if low - base < 3.0 * spread:
+                ratio = min(ratio, 1.0)
         # A culprit is an open incident or one suspected in both of the last two frames: when a
         # job-wide slowdown starts, ranks enter the slow step at slightly different times and
         # look uneven for a frame.
@@ -687,6 +727,11 @@ class JobPipeline:
             )
         if status == "opened" and info.kind in ("slow_node", "slow_link"):
             evidence["host_outliers"] = self._host_outliers(info.hosts)
+        if status == "resolved" and info.last is not None:
+            slowdown, subject_slowdown, confidence, reason, evidence = info.last
+            evidence = dict(evidence)
+        elif status != "resolved":
+            info.last = (slowdown, subject_slowdown, confidence, reason, dict(evidence))
         if status == "resolved":
             reason = f"condition absent for {self.tracker.resolve_after}+ frames; " + reason
         evidence["reason"] = reason

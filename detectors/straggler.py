@@ -9,10 +9,18 @@ compute time (step time minus time inside communication, on its own clock) must 
 its role peers' (leave-one-out median within each tensor/data/expert-parallel group), as in
 NVIDIA nvidia-resiliency-ext's straggler scores, where communication time is excluded because
 in a collective the slow rank waits least.
+
+A rank must also stand out from the job's own noise. With 8 or more ranks the noise is the robust
+spread of this frame's ratios across ranks. Below 8 ranks one frame says too little, so the
+spread is pooled over the last ``pool_frames`` frames of every rank (median/MAD, robust to one
+slow rank): a small job on busy or shared machines, whose ranks take turns being a little late,
+needs a bigger and more persistent difference to convince than a quiet one. Until
+``min_pool_frames`` frames are pooled a small job raises nothing.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,6 +99,33 @@ class PeerLatenessDetector:
         self.z_suspect = 3.0
         self.z_strong = 6.0
         self.min_spread = 0.005
+        self.small = 8  # below this many ranks, noise comes from the pooled history
+        self.min_pool_frames = 20
+        self._ratio_pool: deque[np.ndarray] = deque(maxlen=200)
+        self._late_pool: deque[np.ndarray] = deque(maxlen=200)
+
+    def _pooled_spread(self, pool: deque[np.ndarray], values: np.ndarray) -> tuple[float, float]:
+        """(median, robust spread) of the pooled history (NaN while too short); then pools
+        ``values``' finite entries that are not outliers (a lasting straggler must not become
+        the noise)."""
+        med = spread = float("nan")
+        if len(pool) >= self.min_pool_frames:
+            hist = np.concatenate(pool)
+            if hist.size:
+                med = float(np.median(hist))
+                spread = max(MAD_SCALE * float(np.median(np.abs(hist - med))), self.min_spread)
+        keep = np.isfinite(values)
+        if np.isfinite(spread):
+            keep &= (values - med) / spread < self.z_suspect
+        pool.append(values[keep])
+        return med, spread
+
+    def _z_small(self, pool: deque[np.ndarray], values: np.ndarray) -> np.ndarray:
+        med, spread = self._pooled_spread(pool, values)
+        if not np.isfinite(spread):
+            return np.zeros(values.shape)  # noise unknown yet: nothing stands out
+        with np.errstate(invalid="ignore"):
+            return np.where(np.isfinite(values), (values - med) / spread, np.inf)
 
     def _z(self, ratio: np.ndarray) -> np.ndarray:
         """(ratio - median) / robust spread across ranks; +inf (no noise gate) below 8 ranks."""
@@ -132,13 +167,20 @@ class PeerLatenessDetector:
         typical = np.nanmedian(late_fraction) if np.isfinite(late_fraction).any() else 0.0
         # Noise-relative: how far above typical is the rank, in robust spreads of this frame's
         # ratios? Jobs whose per-step work varies (random sequence lengths) need more to convince.
-        z = self._z(ratio)
+        small = int(present.sum()) < self.small
+        if small:
+            z = self._z_small(self._ratio_pool, ratio)
+            z_late = self._z_small(self._late_pool, late_fraction - typical)
+        else:
+            z = self._z(ratio)
+            z_late = np.full(ratio.shape, np.inf)
         ratio_ok = np.isnan(ratio) | ((ratio >= self.compute_ratio) & (z >= self.z_suspect))
         relaxed_ratio = 1.0 + (self.compute_ratio - 1.0) * self.relax
         with np.errstate(invalid="ignore"):
             suspect = (
                 (late_fraction >= self.late_fraction)
                 & (late_fraction - typical >= self.late_fraction)
+                & (z_late >= self.z_suspect)
                 & ratio_ok
             )
             elevated = (late_fraction >= self.late_fraction * self.relax) & (
@@ -151,6 +193,7 @@ class PeerLatenessDetector:
                 & (late_fraction >= self.late_fraction * self.strong)
                 & (ratio >= strong_ratio)
                 & (z >= self.z_strong)
+                & (z_late >= self.z_strong)
                 & frame.has_steps
             )
         return FrameScores(

@@ -29,6 +29,8 @@ from service.live import job_samples, open_by_kind
 from service.metrics import LiveCollector, Metrics
 from service.ops.router import router as ops_router
 from service.plans.router import router as plans_router
+from service.probes.manager import ProbeManager
+from service.probes.router import router as probes_router
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,7 @@ async def detection_loop(ctx: AppContext) -> None:
         try:
             await run_in_threadpool(ctx.detection.run_due)
             await run_in_threadpool(ctx.mitigation.run_due)
+            await run_in_threadpool(ctx.probes.run_due)
             for job in ctx.jobs.evict_idle():
                 ctx.detection.forget(job)
         except asyncio.CancelledError:
@@ -68,7 +71,8 @@ def build_context(settings: Settings) -> AppContext:
         detection=detection,
     )
     mitigation.recover()
-    ctx = AppContext(settings, engine, sessions, metrics, jobs, detection, mitigation)
+    probes = ProbeManager(settings=settings.probes, sessions=sessions, metrics=metrics)
+    ctx = AppContext(settings, engine, sessions, metrics, jobs, detection, mitigation, probes)
     metrics.add(
         LiveCollector(jobs=lambda: job_samples(ctx), open_incidents=lambda: open_by_kind(ctx))
     )
@@ -104,6 +108,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(incidents_router)
     app.include_router(actions_router)
     app.include_router(plans_router)
+    app.include_router(probes_router)
     app.include_router(ops_router)
 
     def openapi() -> dict[str, Any]:

@@ -17,6 +17,7 @@ from service.errors import Forbidden
 from service.ingest.wire import ID_RE
 from service.jobs.registry import JobRegistry
 from service.metrics import Metrics
+from service.probes.manager import ProbeManager
 from service.settings import Settings
 
 
@@ -29,6 +30,7 @@ class AppContext:
     jobs: JobRegistry
     detection: DetectionEngine
     mitigation: Mitigation
+    probes: ProbeManager
     ingest_inflight: int = 0
 
 

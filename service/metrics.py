@@ -92,6 +92,12 @@ class Metrics:
         self.plans = Counter(
             "failslow_plans_published_total", "Plan versions published.", registry=r
         )
+        self.probes = Counter(
+            "failslow_probes_total",
+            "Active link probe tasks finished, by outcome (done, failed).",
+            ["outcome"],
+            registry=r,
+        )
 
     def add(self, collector: Collector) -> None:
         self.registry.register(collector)

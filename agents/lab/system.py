@@ -70,6 +70,11 @@ class LabNetwork:
     def bridge(self) -> str:
         return f"{self.prefix}br"
 
+    @property
+    def gateway(self) -> str:
+        """The bridge's own address: the root namespace (the service) as the nodes see it."""
+        return f"10.{self.net}.0.254"
+
     def exec(self, i: int, argv: list[str]) -> list[str]:
         """``argv`` run inside namespace ``i``."""
         return ["ip", "netns", "exec", self.ns(i), *argv]
@@ -79,6 +84,7 @@ class LabNetwork:
         try:
             _run("ip", "link", "add", "name", self.bridge, "type", "bridge")
             self.created.append(("link", self.bridge))
+            _run("ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge)
             _run("ip", "link", "set", self.bridge, "up")
             for i in range(self.n):
                 _run("ip", "netns", "add", self.ns(i))

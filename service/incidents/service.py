@@ -76,6 +76,9 @@ def open_incident(session: Session, *, draft: IncidentDraft, now_ns: int) -> tup
     return row, True
 
 
+STICKY_EVIDENCE = ("probes", "flight_recorder", "nccl_ras")
+
+
 def refresh_incident(
     session: Session,
     *,
@@ -91,8 +94,16 @@ def refresh_incident(
     incident.subject_slowdown = subject_slowdown
     # confidence that the condition was real: it does not fall while the incident fades out
     incident.confidence = max(incident.confidence, confidence)
+    # what other parts of the service added (active probes) outlives the detectors' updates
+    kept = {k: v for k, v in (incident.evidence or {}).items() if k in STICKY_EVIDENCE}
+    for key in STICKY_EVIDENCE:
+        note = (kept.get(key) or {}).get("note")
+        if note and note not in summary:
+            summary = f"{summary} {note}"
     incident.summary = summary
-    incident.evidence = evidence
+    incident.evidence = {**evidence, **kept}
+    if (kept.get("probes") or {}).get("component"):
+        incident.hosts = list(kept["probes"]["hosts"])
     incident.updated_ns = now_ns
 
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 
 from agents.agent import NodeAgent
@@ -78,6 +79,26 @@ def test_sdk_to_agent_to_service(tmp_path: Path, settings_: Settings) -> None:
         rec.close()
         assert agent.stats.records_in == 4000 and agent.stats.records_accepted == 4000
         assert agent.stats.records_duplicate == 0 and agent.stats.records_rejected == 0
+
+
+def test_archive_keeps_every_delivered_envelope_for_replay(
+    tmp_path: Path, settings_: Settings
+) -> None:
+    archive = tmp_path / "sent.jsonl"
+    with live_service(settings_) as url:
+        agent = make_agent(tmp_path, url, archive=str(archive))
+        agent.start()
+        rec = Recorder(JOB, socket_path=str(tmp_path / "a.sock"), flush_interval_s=0.01)
+        feed(rec, 300)
+        assert rec.flush(timeout_s=30)
+        assert wait_for(lambda: accepted_on_service(url) == 600, timeout=60)
+        agent.stop()
+        rec.close()
+    envelopes = [orjson.loads(line) for line in archive.read_bytes().splitlines()]
+    assert len(envelopes) == agent.stats.envelopes_sent
+    assert sum(len(e.get("collectives", [])) for e in envelopes) == 600
+    seqs = [e["batch_seq"] for e in envelopes]
+    assert seqs == sorted(seqs) and all(e["job"] == JOB for e in envelopes)
 
 
 def test_service_outage_loses_nothing(tmp_path: Path, settings_: Settings) -> None:

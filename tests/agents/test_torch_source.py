@@ -4,6 +4,7 @@ async completion, DDP buckets timed, and training results bit-identical with and
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,7 @@ def _worker(rank: int, port: int, spool: str, out: str) -> None:
     _init(rank, port)
     plain = _train(6, None)
     rec = Recorder("torch-job", spool_dir=spool, flush_interval_s=0.01)
-    inst = Instrumentation(rec).install()
+    inst = Instrumentation(rec, inflight_after_s=0.3).install()
     instrumented = _train(6, inst)
     t = torch.arange(1000, dtype=torch.float32) + rank
     dist.all_reduce(t)
@@ -88,6 +89,10 @@ def _worker(rank: int, port: int, spool: str, out: str) -> None:
         dist.recv(buf, src=0)
         dist.irecv(buf, src=0).wait()
         dist.send(torch.ones(5), dst=0)
+    # a late peer: rank 0 waits inside this all-reduce long enough to be reported in flight
+    if rank == 1:
+        time.sleep(1.0)
+    dist.all_reduce(torch.ones(4))
     inst.uninstall()
     assert rec.flush(timeout_s=20)
     rec.close()
@@ -128,6 +133,18 @@ def test_two_gloo_ranks_record_everything_and_train_identically(tmp_path: Path) 
     colls = [wire.collective_dict(m) for m in items if m[0] == "c"]
     comms = {m[1]: m for m in items if m[0] == "m"}
     assert comms["dp"][2] == "dp" and comms["world"][3] == [0, 1] and "p2p-0-1" in comms
+    inflight = [c for c in colls if c["end_ns"] is None]
+    assert [(c["rank"], c["comm"], c["op"], c["bytes"]) for c in inflight] == [
+        (0, "world", "allreduce", 16)
+    ]  # reported once while blocked, by the watchdog thread ...
+    done = [
+        c
+        for c in colls
+        if (c["rank"], c["comm"], c["seq"]) == (0, "world", inflight[0]["seq"])
+        and c["end_ns"] is not None
+    ]
+    assert len(done) == 1 and done[0]["end_ns"] - done[0]["start_ns"] > 0.5e9  # ... then done
+    colls = [c for c in colls if c["end_ns"] is not None]
     by_key: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
     for c in colls:
         by_key.setdefault((c["comm"], c["seq"]), {})[c["rank"]] = c

@@ -58,8 +58,37 @@ def test_peer_ratio_is_leave_one_out_and_minimum_over_groups() -> None:
     assert r[3] == pytest.approx(1.0)
 
 
+def _healthy(det: PeerLatenessDetector, frames: int, noise: float, seed: int = 0) -> None:
+    """Healthy 4-rank frames whose compute and lateness jitter by ``noise`` seconds."""
+    rng = np.random.default_rng(seed)
+    for i in range(frames):
+        jitter = rng.uniform(0, noise, 4)
+        late = jitter - jitter.min()
+        step = 1.0 + jitter.max()
+        s = det.score(frame([step] * 4, step - 0.9 - jitter, late, late, index=i), groups_2x2())
+        assert not s.suspect.any()
+
+
+def test_small_job_raises_nothing_before_its_noise_is_known() -> None:
+    det = PeerLatenessDetector()
+    f = frame([1.5, 1.5, 1.5, 1.5], [0.1, 0.6, 0.6, 0.6], [0.5, 0, 0, 0], [0.5, 0.5, 0, 0])
+    assert not det.score(f, groups_2x2()).suspect.any()
+
+
+def test_small_noisy_job_needs_a_difference_beyond_its_own_noise() -> None:
+    det = PeerLatenessDetector()
+    _healthy(det, 40, noise=0.3)  # ranks take turns being up to 30% late
+    # a rank 20% slower than its peers: inside this job's noise, so not a suspect
+    f = frame([1.2] * 4, [0.0, 0.2, 0.2, 0.2], [0.2, 0, 0, 0], [0.2, 0.2, 0, 0])
+    assert not det.score(f, groups_2x2()).suspect.any()
+    # 3x slower stands out
+    f = frame([3.0] * 4, [0.0, 2.0, 2.0, 2.0], [2.0, 0, 0, 0], [2.0, 2.0, 0, 0])
+    assert det.score(f, groups_2x2()).suspect.tolist() == [True, False, False, False]
+
+
 def test_compute_straggler_is_suspect_and_its_peers_are_not() -> None:
     det = PeerLatenessDetector()
+    _healthy(det, 20, noise=0.01)
     # rank 0 computes 0.5 s more; peers wait for it in TP and DP;
     # rank 1 waits in TP but is late in DP.
     f = frame([1.5, 1.5, 1.5, 1.5], [0.1, 0.6, 0.6, 0.6], [0.5, 0, 0, 0], [0.5, 0.5, 0, 0])

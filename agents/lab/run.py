@@ -1,0 +1,508 @@
+"""``failslow lab``: real faults injected into a real PyTorch job, found by the real service.
+
+N ranks of :mod:`agents.lab.train` (gloo, CPU; tensor-parallel pairs x data-parallel DDP), each in
+its own network namespace (``node-<i>``) on a Linux bridge, each with its own node agent in that
+namespace shipping the ranks' telemetry to a failslow service (started here unless ``--service``
+is given; it listens on the bridge address). After a warm-up, faults are injected one at a time
+into one rank (``--target``) and removed again:
+
+* ``compute``: the rank's process into a cgroup v1 ``cpu`` group with a quota (default 25% of a
+  CPU) — expected: ``slow_gpu`` on that rank;
+* ``link``: a token bucket (``tc tbf``) on both ends of the rank's veth — expected: ``slow_link``
+  naming the rank's host;
+* ``hang``: SIGSTOP of the rank, SIGCONT to recover — expected: ``hang`` with that rank as root.
+
+Per fault: detected or not, the incident's kind and subject, the detection delay in steps and in
+seconds (from the injection to the incident's ``detected_ns``), whether it resolved after the
+recovery, and every other GPU/node/link/hang incident (a false incident). Printed as a table and
+written as JSON. Namespaces, veths, qdiscs, cgroups and processes are removed whatever happens
+(also after a crash of an earlier run: all names carry the ``--prefix``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agents.lab.system import CpuQuota, LabError, LabNetwork, cleanup_stale, preflight
+
+FAULTS = ("compute", "link", "hang")
+EXPECTED = {"compute": "slow_gpu", "link": "slow_link", "hang": "hang"}
+LOCALIZED_KINDS = ("slow_gpu", "slow_node", "slow_link", "hang")
+
+
+@dataclass
+class FaultResult:
+    fault: str
+    target_rank: int
+    target_host: str
+    injected_step: int
+    injected_ns: int
+    detected: bool = False
+    localized: bool = False
+    incident: str | None = None
+    kind: str | None = None
+    ranks: list[int] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)
+    delay_steps: float | None = None
+    delay_s: float | None = None
+    summary: str | None = None
+    recovered_step: int | None = None
+    resolved: bool = False
+    resolve_s: float | None = None
+
+
+class Lab:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.n = args.ranks
+        self.job = args.job
+        self.work = Path(args.workdir or tempfile.mkdtemp(prefix="failslow-lab-"))
+        marker = self.work / ".failslow-lab"
+        if self.work.exists() and any(self.work.iterdir()):
+            if not marker.exists():
+                raise LabError(f"--workdir {self.work} is not empty and not an earlier lab's")
+            shutil.rmtree(self.work)  # an earlier run's: its database and progress would mix in
+        self.work.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+        self.net = LabNetwork(self.n, prefix=args.prefix, net=args.net)
+        self.token = secrets.token_urlsafe(24)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.trainers: list[subprocess.Popen[bytes]] = []
+        self.quota: CpuQuota | None = None
+        self.url = args.service
+        self.http = httpx.Client(timeout=5.0, headers={"Authorization": f"Bearer {self.token}"})
+        if args.service and args.token:
+            self.http.headers["Authorization"] = f"Bearer {args.token}"
+        self.results: list[FaultResult] = []
+        self.step_time_s = float("nan")
+
+    # -- output --------------------------------------------------------------------------------
+    def say(self, text: str) -> None:
+        print(f"[lab {time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+    def host(self, i: int) -> str:
+        return f"node-{i}"
+
+    # -- processes -----------------------------------------------------------------------------
+    def _spawn(
+        self, name: str, argv: list[str], env: dict[str, str] | None = None, nice: int = 0
+    ) -> Any:
+        """``nice``: the service and the agents yield the CPU to the ranks (this machine may
+        have fewer cores than ranks; their own work is not what the lab measures)."""
+        log = open(self.work / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(
+            ["nice", "-n", str(nice), *argv] if nice else argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            start_new_session=True,
+        )
+        self.procs[name] = proc
+        return proc
+
+    def start_service(self) -> None:
+        port = self.args.port
+        self.url = f"http://{self.net.gateway}:{port}"
+        env = {
+            "FAILSLOW_DATABASE_URL": f"sqlite:///{self.work}/failslow.db",
+            "FAILSLOW_DETECTION__INTERVAL_S": "0.25",
+            "FAILSLOW_ACTIONS__ENABLED": "false",  # a detection lab: nothing acts on the job
+            "FAILSLOW_AUTH__INGEST_TOKENS": self.token,
+            "FAILSLOW_AUTH__READ_TOKENS": self.token,
+            "FAILSLOW_AUTH__OPERATOR_TOKENS": self.token,
+        }
+        argv = [sys.executable, "-m", "service.cli", "serve", "--host", self.net.gateway]
+        self._spawn("service", [*argv, "--port", str(port)], env, nice=5)
+        self._wait_ready(60.0)
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            svc = self.procs.get("service")
+            if svc is not None and svc.poll() is not None:
+                raise LabError(f"the service exited; see {self.work}/service.log")
+            with contextlib.suppress(httpx.HTTPError):
+                if self.http.get(f"{self.url}/readyz").status_code == 200:
+                    return
+            time.sleep(0.2)
+        raise LabError(f"the service at {self.url} is not ready after {timeout_s:.0f} s")
+
+    def start_job(self) -> None:
+        for i in range(self.n):
+            sock = str(self.work / f"{self.host(i)}.sock")
+            agent = [
+                sys.executable, "-m", "service.cli", "agent", "--service", self.url,
+                "--job", self.job, "--host", self.host(i), "--socket", sock,
+                "--state-dir", str(self.work / "agents" / self.host(i)),
+                "--token", self.args.token or self.token,
+                "--flush-interval", "0.25", "--heartbeat", "1", "--no-fsync",
+                "--archive", str(self.work / f"envelopes-{self.host(i)}.jsonl"),
+                "--probe-listen", f"{self.net.ip(i)}:7100", "--task-poll", "1",
+            ]  # fmt: skip
+            self._spawn(f"agent-{i}", self.net.exec(i, agent), nice=5)
+        for i in range(self.n):
+            sock = str(self.work / f"{self.host(i)}.sock")
+            deadline = time.monotonic() + 30
+            while not Path(sock).exists():
+                if time.monotonic() > deadline:
+                    raise LabError(f"agent {i} did not open {sock}; see {self.work}/agent-{i}.log")
+                time.sleep(0.1)
+        (self.work / "stop").unlink(missing_ok=True)
+        for i in range(self.n):
+            train = [
+                sys.executable, "-m", "agents.lab.train", "--rank", str(i),
+                "--world", str(self.n), "--tp", str(self.args.tp),
+                "--master", f"{self.net.ip(0)}:29500", "--job", self.job,
+                "--socket", str(self.work / f"{self.host(i)}.sock"),
+                "--progress", str(self.work / f"progress-{i}.jsonl"),
+                "--stop-file", str(self.work / "stop"), "--batch", str(self.args.batch),
+            ]  # fmt: skip
+            env = {"GLOO_SOCKET_IFNAME": self.net.ns_if(i), "OMP_NUM_THREADS": "1"}
+            self.trainers.append(self._spawn(f"rank-{i}", self.net.exec(i, train), env))
+
+    def trainer_pid(self, i: int) -> int:
+        """The Python process of rank ``i`` (``ip netns exec`` execs it, same pid)."""
+        return self.trainers[i].pid
+
+    # -- progress ------------------------------------------------------------------------------
+    def progress(self, i: int) -> list[dict[str, Any]]:
+        path = self.work / f"progress-{i}.jsonl"
+        out = []
+        with contextlib.suppress(OSError):
+            for line in path.read_text().splitlines():
+                with contextlib.suppress(ValueError):
+                    out.append(json.loads(line))
+        return out
+
+    def step(self, exclude: int | None = None) -> int:
+        """Steps completed by the slowest rank other than ``exclude``."""
+        counts = [len(self.progress(i)) for i in range(self.n) if i != exclude]
+        return min(counts) if counts else 0
+
+    def check_alive(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise LabError(f"{name} exited with {proc.returncode}; see {self.work}/{name}.log")
+
+    def wait_steps(self, n: int, timeout_s: float, exclude: int | None = None) -> int:
+        target = self.step(exclude) + n
+        deadline = time.monotonic() + timeout_s
+        while self.step(exclude) < target:
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise LabError(f"training made no progress to step {target} in {timeout_s:.0f} s")
+            time.sleep(0.2)
+        return self.step(exclude)
+
+    def steps_between(self, rank: int, start_ns: int, end_ns: int) -> int:
+        return sum(1 for p in self.progress(rank) if start_ns < p["end_ns"] <= end_ns)
+
+    # -- incidents -----------------------------------------------------------------------------
+    def incidents(self) -> list[dict[str, Any]]:
+        try:
+            r = self.http.get(f"{self.url}/v1/jobs/{self.job}/incidents", params={"state": "all"})
+        except httpx.HTTPError as exc:
+            raise LabError(f"cannot read incidents from {self.url}: {exc}") from exc
+        if r.status_code == 404:
+            return []
+        if r.status_code != 200:
+            raise LabError(f"{self.url} answered {r.status_code} for incidents: {r.text[:200]}")
+        return list(r.json())
+
+    @staticmethod
+    def matches(fault: str, inc: dict[str, Any], rank: int, host: str) -> bool:
+        if inc["kind"] != EXPECTED[fault]:
+            return False
+        if fault == "link":
+            return host in inc.get("hosts", [])
+        return list(inc.get("ranks", [])) == [rank]
+
+    # -- faults --------------------------------------------------------------------------------
+    def inject(self, fault: str, i: int) -> None:
+        if fault == "compute":
+            self.quota = CpuQuota(f"{self.args.prefix}-rank{i}", self.args.cpu_quota).__enter__()
+            self.quota.add(self.trainer_pid(i))
+        elif fault == "link":
+            self.net.throttle(i, rate=self.args.link_rate)
+        elif fault == "hang":
+            os.kill(self.trainer_pid(i), signal.SIGSTOP)
+
+    def recover(self, fault: str, i: int) -> None:
+        if fault == "compute" and self.quota is not None:
+            self.quota.close()
+            self.quota = None
+        elif fault == "link":
+            self.net.unthrottle(i)
+        elif fault == "hang":
+            os.kill(self.trainer_pid(i), signal.SIGCONT)
+
+    def run_fault(self, fault: str) -> FaultResult:
+        i = self.args.target
+        other = (i + 1) % self.n  # a healthy rank's progress counts the steps
+        res = FaultResult(fault, i, self.host(i), self.step(), time.time_ns())
+        self.say(f"inject {fault} on rank {i} ({self.host(i)}) at step {res.injected_step}")
+        self.inject(fault, i)
+        deadline = time.monotonic() + self.args.detect_timeout
+        found = None
+        while time.monotonic() < deadline and found is None:
+            time.sleep(0.25)
+            self.check_alive()
+            for inc in self.incidents():
+                if inc["detected_ns"] >= res.injected_ns - int(5e9) and self.matches(
+                    fault, inc, i, self.host(i)
+                ):
+                    found = inc
+                    break
+        if found is not None:
+            res.detected = res.localized = True
+            res.incident, res.kind = found["id"], found["kind"]
+            res.ranks, res.hosts = list(found["ranks"]), list(found["hosts"])
+            res.summary = found["summary"]
+            det = int(found["detected_ns"])
+            res.delay_s = round(max(0, det - res.injected_ns) / 1e9, 2)
+            if fault == "hang":  # no steps are completed during a hang: count step times
+                res.delay_steps = round(res.delay_s / self.step_time_s, 1)
+            else:
+                res.delay_steps = self.steps_between(other, res.injected_ns, det)
+            self.say(f"  found after {res.delay_s} s / {res.delay_steps} steps: {found['summary']}")
+        else:
+            self.say(f"  NOT found within {self.args.detect_timeout:.0f} s")
+        if found is not None and fault != "hang" and self.args.hold_steps:
+            # keep the fault a while: the incident must stay put (one incident, one subject)
+            self.wait_steps(self.args.hold_steps, 120.0)
+            found = self.http.get(f"{self.url}/v1/incidents/{found['id']}").json()
+            res.summary = found["summary"]
+        self.recover(fault, i)
+        recovered_ns = time.time_ns()
+        res.recovered_step = self.step()
+        self.say(f"  recovered at step {res.recovered_step}")
+        if found is not None:
+            deadline = time.monotonic() + self.args.resolve_timeout
+            while time.monotonic() < deadline:
+                time.sleep(0.5)
+                self.check_alive()
+                r = self.http.get(f"{self.url}/v1/incidents/{found['id']}").json()
+                if r["state"] == "resolved":
+                    res.resolved = True
+                    res.resolve_s = round((int(r["resolved_ns"]) - recovered_ns) / 1e9, 2)
+                    self.say(f"  incident resolved {res.resolve_s} s after the recovery")
+                    break
+            else:
+                self.say("  incident still open after the recovery")
+        self.wait_steps(self.args.settle_steps, 120.0)
+        return res
+
+    # -- the whole run -------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        faults = self.args.faults
+        with self.net:
+            if self.url is None:
+                self.start_service()
+            else:
+                self._wait_ready(10.0)
+            self.say(f"service {self.url}; work dir {self.work}")
+            self.start_job()
+            self.say(
+                f"{self.n} ranks (tp={self.args.tp} x dp={self.n // self.args.tp}), one per "
+                f"namespace; warming up {self.args.warmup} steps"
+            )
+            self.wait_steps(self.args.warmup, 180.0)
+            durations = sorted((p["end_ns"] - p["start_ns"]) / 1e9 for p in self.progress(0)[5:])
+            self.step_time_s = durations[len(durations) // 2] if durations else float("nan")
+            self.say(f"healthy step time {self.step_time_s * 1000:.0f} ms")
+            started_ns = time.time_ns()
+            if faults == ["none"]:
+                self.wait_steps(self.args.healthy_steps, 600.0)
+            for fault in faults:
+                if fault != "none":
+                    self.results.append(self.run_fault(fault))
+            incidents = self.incidents()
+            self.stop_job()
+        return self.report(incidents, started_ns)
+
+    def stop_job(self) -> None:
+        stop_at = max(len(self.progress(i)) for i in range(self.n)) + 5
+        (self.work / "stop").write_text(str(stop_at))
+        deadline = time.monotonic() + 60
+        for p in self.trainers:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+
+    def report(self, incidents: list[dict[str, Any]], started_ns: int) -> dict[str, Any]:
+        expected = {r.incident for r in self.results if r.incident}
+        false = [
+            {k: inc[k] for k in ("id", "kind", "ranks", "hosts", "summary", "detected_ns")}
+            for inc in incidents
+            if inc["kind"] in LOCALIZED_KINDS and inc["id"] not in expected
+        ]
+        job_slowdowns = sum(1 for inc in incidents if inc["kind"] == "job_slowdown")
+        ok = (
+            all(
+                r.detected
+                and r.localized
+                and r.delay_steps is not None
+                and r.delay_steps <= self.args.max_delay_steps
+                for r in self.results
+            )
+            and not false
+        )
+        out = {
+            "ranks": self.n,
+            "tp": self.args.tp,
+            "dp": self.n // self.args.tp,
+            "step_time_s": round(self.step_time_s, 4),
+            "cpu_quota": self.args.cpu_quota,
+            "link_rate": self.args.link_rate,
+            "faults": [asdict(r) for r in self.results],
+            "false_incidents": false,
+            "job_slowdown_incidents": job_slowdowns,
+            "incidents": len(incidents),
+            "ok": ok,
+            "workdir": str(self.work),
+        }
+        print(table(out), flush=True)
+        return out
+
+    def close(self) -> None:
+        for p in self.trainers:  # a stopped rank must run to die
+            with contextlib.suppress(OSError):
+                os.kill(p.pid, signal.SIGCONT)
+        for proc in reversed(list(self.procs.values())):
+            if proc.poll() is None:
+                with contextlib.suppress(OSError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(OSError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=5)
+        if self.quota is not None:
+            self.quota.close()
+        self.net.close()
+        cleanup_stale(self.args.prefix)
+        self.http.close()
+
+
+def table(out: dict[str, Any]) -> str:
+    rows = [("fault", "target", "found", "incident", "subject", "delay", "resolved")]
+    for f in out["faults"]:
+        subject = (
+            ",".join(f["hosts"]) if f["kind"] == "slow_link" else ",".join(map(str, f["ranks"]))
+        )
+        delay = f"{f['delay_steps']} st / {f['delay_s']} s" if f["detected"] else "-"
+        resolved = f"yes ({f['resolve_s']} s)" if f["resolved"] else "no"
+        rows.append(
+            (f["fault"], f"rank {f['target_rank']}", "yes" if f["detected"] else "NO",
+             f["kind"] or "-", subject or "-", delay, resolved)
+        )  # fmt: skip
+    widths = [max(len(str(r[c])) for r in rows) for c in range(len(rows[0]))]
+    lines = ["  ".join(str(v).ljust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
+    lines.append(
+        f"false GPU/node/link/hang incidents: {len(out['false_incidents'])}; "
+        f"job_slowdown incidents: {out['job_slowdown_incidents']}; "
+        f"healthy step {out['step_time_s'] * 1000:.0f} ms; "
+        f"{'PASS' if out['ok'] else 'FAIL'}"
+    )
+    for f in out["false_incidents"]:
+        lines.append(f"  false: {f['kind']} ranks={f['ranks']} hosts={f['hosts']}: {f['summary']}")
+    return "\n".join(lines)
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "lab",
+        help="real faults in a real PyTorch job on this machine (root, netns, cgroup v1)",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    p.add_argument("--ranks", type=int, default=4, help="ranks, one namespace each (default 4)")
+    p.add_argument("--tp", type=int, default=2, help="tensor-parallel group size (default 2)")
+    p.add_argument(
+        "--fault",
+        default="all",
+        help="compute, link, hang, none, all, or a comma-separated list (default all)",
+    )
+    p.add_argument("--target", type=int, default=1, help="the rank to fault (default 1)")
+    p.add_argument("--json", dest="json_out", help="write the results here")
+    p.add_argument("--service", help="use this service (reachable from the namespaces)")
+    p.add_argument("--token", help="bearer token for --service (ingest and read)")
+    p.add_argument("--port", type=int, default=8077, help="port of the service started here")
+    p.add_argument("--job", default="lab")
+    p.add_argument("--batch", type=int, default=1536, help="samples per rank per step")
+    p.add_argument("--cpu-quota", type=float, default=0.25, help="compute fault: CPU fraction")
+    p.add_argument("--link-rate", default="100mbit", help="link fault: tbf rate")
+    p.add_argument("--warmup", type=int, default=60, help="healthy steps before the first fault")
+    p.add_argument("--healthy-steps", type=int, default=300, help="steps of --fault none")
+    p.add_argument("--settle-steps", type=int, default=30, help="steps between faults")
+    p.add_argument(
+        "--hold-steps", type=int, default=20, help="steps a fault lasts after it was found"
+    )
+    p.add_argument("--detect-timeout", type=float, default=60.0, help="seconds to find a fault")
+    p.add_argument("--resolve-timeout", type=float, default=60.0, help="seconds to resolve it")
+    p.add_argument("--max-delay-steps", type=float, default=10, help="pass mark (default 10)")
+    p.add_argument("--prefix", default="fsl", help="name prefix of namespaces, links, cgroups")
+    p.add_argument("--net", type=int, default=77, help="use 10.NET.0.0/24")
+    p.add_argument("--workdir", help="logs, database, progress (default: a new temp dir)")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    missing = preflight()
+    if missing:
+        print(
+            "failslow lab needs: " + "; ".join(missing) + ". It creates network namespaces, "
+            "veth pairs, a bridge, tc qdiscs and cgroups, so run it as root on Linux with "
+            "iproute2 and the cgroup v1 cpu controller mounted.",
+            file=sys.stderr,
+        )
+        return 2
+    faults = list(FAULTS) if args.fault == "all" else args.fault.split(",")
+    bad = [f for f in faults if f not in (*FAULTS, "none")]
+    if bad or ("none" in faults and len(faults) > 1):
+        print(f"failslow lab: unknown --fault {args.fault!r}", file=sys.stderr)
+        return 2
+    if not 2 <= args.ranks <= 64 or args.ranks % args.tp or not 0 <= args.target < args.ranks:
+        print("failslow lab: 2..64 ranks, a multiple of --tp, --target < --ranks", file=sys.stderr)
+        return 2
+    args.faults = faults
+    try:
+        lab = Lab(args)
+    except LabError as exc:
+        print(f"failslow lab: {exc}", file=sys.stderr)
+        return 2
+
+    def _term(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _term)
+    try:
+        out = lab.run()
+    except LabError as exc:
+        print(f"failslow lab: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("failslow lab: interrupted; cleaning up", file=sys.stderr)
+        return 130
+    finally:
+        lab.close()
+        signal.signal(signal.SIGTERM, previous)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(out, indent=2) + "\n")
+    return 0 if out["ok"] else 1

@@ -1,0 +1,208 @@
+"""One rank of the fault lab's training job: a real Megatron-style MLP on PyTorch gloo (CPU).
+
+``world = tp x dp`` ranks. Each tensor-parallel group of ``tp`` consecutive ranks holds one copy of
+the model split the Megatron way (column-parallel first layer, row-parallel second: one
+all-reduce in the forward pass and one in the backward pass per step); data-parallel groups (ranks
+``j, j + tp, ...``) average gradients with DDP. Every collective goes through ``agents.torch``'s
+instrumentation (the DDP gradient all-reduce through its comm hook) to the node agent's socket.
+
+Progress goes to ``--progress`` (one JSON line per step: step, start_ns, end_ns, loss), which the
+lab reads to date faults in steps. The job stops at the step written to ``--stop-file`` (the lab
+writes a step far enough ahead that every rank sees it before reaching it), or after ``--steps``.
+
+Run by ``failslow lab``; by hand: ``python -m agents.lab.train --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m agents.lab.train")
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--world", type=int, required=True)
+    p.add_argument("--tp", type=int, default=2, help="tensor-parallel group size")
+    p.add_argument("--master", default="127.0.0.1:29500", help="rendezvous address:port (rank 0)")
+    p.add_argument("--job", default="lab")
+    p.add_argument("--socket", help="node agent socket (default: no telemetry)")
+    p.add_argument("--progress", help="append one JSON line per step here")
+    p.add_argument("--stop-file", help="a file holding the step to stop after")
+    p.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: no limit)")
+    p.add_argument("--hidden", type=int, default=4096, help="MLP hidden size (total over tp)")
+    p.add_argument("--model", type=int, default=256, help="model width")
+    p.add_argument("--batch", type=int, default=512, help="samples per rank per step")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-instrument", action="store_true", help="train without failslow")
+    return p.parse_args(argv)
+
+
+class _CopyToTP(torch.autograd.Function):
+    """Megatron's ``f``: identity forward, all-reduce of the gradient backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:  # type: ignore[override]
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        grad = grad.clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    """Megatron's ``g``: all-reduce forward, identity backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:  # type: ignore[override]
+        x = x.clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        return grad, None
+
+
+class ParallelMLP(nn.Module):
+    def __init__(self, width: int, hidden: int, tp: int, group: Any, seed: int) -> None:
+        super().__init__()
+        if hidden % tp:
+            raise ValueError("--hidden must be a multiple of --tp")
+        g = torch.Generator().manual_seed(seed)  # the same full weights on every tp group
+        full1 = torch.randn(width, hidden, generator=g) / width**0.5
+        full2 = torch.randn(hidden, width, generator=g) / hidden**0.5
+        shard = hidden // tp
+        i = dist.get_rank(group)
+        self.w1 = nn.Parameter(full1[:, i * shard : (i + 1) * shard].clone())
+        self.w2 = nn.Parameter(full2[i * shard : (i + 1) * shard, :].clone())
+        self.head = nn.Linear(width, 1)
+        with torch.no_grad():
+            self.head.weight.copy_(torch.randn(1, width, generator=g) / width**0.5)
+            self.head.bias.zero_()
+        self.group = group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = _CopyToTP.apply(x, self.group)
+        h = torch.nn.functional.gelu(x @ self.w1)
+        y = _ReduceFromTP.apply(h @ self.w2, self.group)
+        return self.head(torch.tanh(y)).squeeze(-1)
+
+
+def groups(world: int, tp: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Tensor-parallel groups (consecutive ranks) and data-parallel groups (stride ``tp``)."""
+    if world % tp:
+        raise ValueError("--world must be a multiple of --tp")
+    tps = [list(range(k * tp, (k + 1) * tp)) for k in range(world // tp)]
+    dps = [list(range(j, world, tp)) for j in range(tp)]
+    return tps, dps
+
+
+def _stop_at(path: str | None) -> int | None:
+    if not path:
+        return None
+    try:
+        return int(Path(path).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    torch.set_num_threads(1)
+    torch.manual_seed(args.seed)
+    addr, port = args.master.rsplit(":", 1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{addr}:{port}",
+        rank=args.rank,
+        world_size=args.world,
+        timeout=datetime.timedelta(minutes=10),  # a lab hang lasts until the lab resumes it
+    )
+    tps, dps = groups(args.world, args.tp)
+    my_tp = my_dp = None
+    tp_name = dp_name = ""
+    for k, ranks in enumerate(tps):  # every rank creates every group, in the same order
+        g = dist.new_group(ranks)
+        if args.rank in ranks:
+            my_tp, tp_name = g, f"tp{k}"
+    for j, ranks in enumerate(dps):
+        g = dist.new_group(ranks)
+        if args.rank in ranks:
+            my_dp, dp_name = g, f"dp{j}"
+
+    inst = None
+    if not args.no_instrument and args.socket:
+        from agents.sdk import Recorder
+        from agents.torch import Instrumentation
+
+        recorder = Recorder(args.job, socket_path=args.socket, flush_interval_s=0.05)
+        inst = Instrumentation(recorder).install()
+        inst.register_group(tp_name, "tp", my_tp)
+
+    model = ParallelMLP(args.model, args.hidden, args.tp, my_tp, args.seed)
+    ddp = nn.parallel.DistributedDataParallel(model, process_group=my_dp)
+    if inst is not None:
+        ddp.register_comm_hook(None, inst.ddp_hook(dp_name, "dp", my_dp))
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    replica = args.rank // args.tp  # data-parallel index: the same batch within a tp group
+    target_w = torch.randn(args.model, generator=torch.Generator().manual_seed(1234))
+    progress = open(args.progress, "a", buffering=1) if args.progress else None  # noqa: SIM115
+
+    step = 0
+    try:
+        while True:
+            stop = _stop_at(args.stop_file)
+            if (stop is not None and step >= stop) or (args.steps and step >= args.steps):
+                break
+            g = torch.Generator().manual_seed(args.seed * 1_000_003 + step * 1009 + replica)
+            x = torch.randn(args.batch, args.model, generator=g)
+            y = torch.tanh(x @ target_w / args.model**0.5)
+            start = time.time_ns()
+            if inst is not None:
+                with inst.step(step):
+                    loss = _train_step(ddp, opt, x, y)
+            else:
+                loss = _train_step(ddp, opt, x, y)
+            end = time.time_ns()
+            if progress is not None:
+                progress.write(
+                    json.dumps({"step": step, "start_ns": start, "end_ns": end, "loss": loss})
+                    + "\n"
+                )
+            step += 1
+    finally:
+        if progress is not None:
+            progress.close()
+        if inst is not None:
+            inst.uninstall()
+            inst.recorder.close()
+        dist.destroy_process_group()
+    return 0
+
+
+def _train_step(
+    ddp: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
+) -> float:
+    opt.zero_grad(set_to_none=True)
+    loss = torch.nn.functional.mse_loss(ddp(x), y)
+    loss.backward()
+    opt.step()
+    return float(loss.item())
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    raise SystemExit(main())

@@ -1,0 +1,129 @@
+"""``/v1/jobs/{job}/probes``: node agents fetch their probe tasks and report results; operators
+see the campaigns; the job declares critical phases (no probes then, by default)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query
+from pydantic import BaseModel, Field
+
+from service.context import CtxDep, IngestAuth, JobClientAuth, JobId, ReadAuth, SessionDep
+from service.errors import Conflict, NotFound
+from service.incidents.models import Incident
+from service.incidents.service import STICKY_EVIDENCE
+from service.probes.hang_evidence import HangEvidenceIn, merge
+
+router = APIRouter(prefix="/v1/jobs", tags=["probes"])
+
+
+class ProbeTask(BaseModel):
+    id: str
+    peer: str = Field(description="The host to test the path to.")
+    peer_addr: str = Field(description="Its agent's probe endpoint, host:port.")
+    bytes: int = Field(description="Bytes to send, and to receive back.")
+
+
+class ProbeResult(BaseModel):
+    bps: float | None = Field(
+        default=None, ge=0, description="The slower direction's bytes per second."
+    )
+    up_bps: float | None = Field(default=None, ge=0)
+    down_bps: float | None = Field(default=None, ge=0)
+    error: str | None = Field(default=None, max_length=500)
+
+
+class Phase(BaseModel):
+    critical: bool = Field(description="True while the job must not be disturbed (no probes).")
+
+
+class HostTasks(BaseModel):
+    probes: list[ProbeTask] = Field(description="Bandwidth tests to run now, one after another.")
+    dumps: list[str] = Field(
+        description="Hang incidents for which to collect Flight Recorder / NCCL RAS evidence."
+    )
+    poll_s: float = Field(description="Poll again after this many seconds.")
+
+
+@router.get(
+    "/{job}/hosts/{host}/tasks",
+    response_model=HostTasks,
+    dependencies=[IngestAuth],
+    summary="What this host's agent should do now: probe tasks, hang evidence to collect",
+)
+def get_tasks(
+    job: JobId,
+    host: Annotated[str, Path(max_length=128)],
+    ctx: CtxDep,
+    probe_addr: Annotated[str | None, Query(max_length=128)] = None,
+) -> HostTasks:
+    tasks = ctx.probes.poll(job, host, probe_addr) if ctx.settings.probes.enabled else []
+    return HostTasks(
+        probes=[ProbeTask(**t) for t in tasks],
+        dumps=ctx.probes.dumps_for(job, host),
+        poll_s=1.0,
+    )
+
+
+@router.post(
+    "/{job}/probes/{task}",
+    dependencies=[IngestAuth],
+    summary="Report a probe task's measurement (or its error)",
+    status_code=204,
+)
+def post_result(job: JobId, task: str, body: ProbeResult, ctx: CtxDep) -> None:
+    bps = body.bps
+    if bps is None and body.up_bps is not None and body.down_bps is not None:
+        bps = min(body.up_bps, body.down_bps)
+    if not ctx.probes.report(job, task, bps=bps, error=body.error):
+        raise NotFound(f"no running probe task {task!r} for job {job!r}")
+
+
+@router.get(
+    "/{job}/probes",
+    dependencies=[ReadAuth],
+    summary="Probe campaigns of this job, their rounds and conclusions",
+)
+def get_campaigns(job: JobId, ctx: CtxDep) -> dict[str, Any]:
+    return ctx.probes.view(job)
+
+
+@router.put(
+    "/{job}/phase",
+    dependencies=[JobClientAuth],
+    summary="Declare whether the job is in a critical phase (no probes unless allowed)",
+)
+def put_phase(job: JobId, body: Phase, ctx: CtxDep) -> dict[str, Any]:
+    ctx.probes.set_critical(job, body.critical)
+    return {"job": job, "critical": body.critical}
+
+
+@router.post(
+    "/{job}/incidents/{incident}/hang-evidence",
+    dependencies=[IngestAuth],
+    summary="An agent's Flight Recorder / NCCL RAS evidence for an open hang",
+)
+def post_hang_evidence(
+    job: JobId,
+    incident: Annotated[str, Path(max_length=40)],
+    body: HangEvidenceIn,
+    session: SessionDep,
+) -> dict[str, Any]:
+    row = session.get(Incident, incident, with_for_update=True)
+    if row is None or row.job_id != job:
+        raise NotFound(f"no incident {incident!r} in job {job!r}")
+    if row.kind != "hang":
+        raise Conflict(f"incident {incident!r} is a {row.kind}, not a hang")
+    before = dict(row.evidence or {})
+    row.evidence = merge(before, body)
+    summary = row.summary
+    for key in STICKY_EVIDENCE:  # the newest note of each source replaces its older one
+        old = (before.get(key) or {}).get("note")
+        if old:
+            summary = summary.replace(f" {old}", "")
+        note = (row.evidence.get(key) or {}).get("note")
+        if note and note not in summary:
+            summary = f"{summary} {note}"
+    row.summary = summary
+    session.commit()
+    return {"incident": incident, "flight_recorder": row.evidence.get("flight_recorder")}

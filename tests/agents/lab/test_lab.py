@@ -1,0 +1,116 @@
+"""``failslow lab``: what it says where it cannot run, and the CI smoke run of the real thing —
+4 ranks of a real PyTorch gloo job in 4 network namespaces, real agents and service, a real CPU
+quota on one rank — which must find ``slow_gpu`` on that rank within 10 steps, raise nothing
+else, and leave no namespace, link or cgroup behind. Skipped with the reason where the machine
+lacks root, namespaces, tc, cgroup v1 or PyTorch."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agents.lab import run as lab_run
+from agents.lab import system
+from service.cli import main as cli_main
+from tests.live import free_port
+
+
+def test_lab_says_what_it_needs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(lab_run, "preflight", lambda: ["root (namespaces, tc and cgroups need it)"])
+    assert cli_main(["lab", "--ranks", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "needs: root" in err and "cgroup v1" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--fault", "disk"], ["--fault", "none,compute"], ["--ranks", "3"], ["--target", "9"]],
+)
+def test_lab_rejects_bad_arguments(
+    argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(lab_run, "preflight", lambda: [])
+    assert cli_main(["lab", *argv]) == 2
+    assert "failslow lab:" in capsys.readouterr().err
+
+
+def test_table_reports_every_fault_and_every_false_incident() -> None:
+    out = {
+        "faults": [
+            {
+                "fault": "compute",
+                "target_rank": 1,
+                "detected": True,
+                "kind": "slow_gpu",
+                "ranks": [1],
+                "hosts": ["node-1"],
+                "delay_steps": 3,
+                "delay_s": 1.2,
+                "resolved": True,
+                "resolve_s": 2.0,
+            },
+            {
+                "fault": "link",
+                "target_rank": 1,
+                "detected": False,
+                "kind": None,
+                "ranks": [],
+                "hosts": [],
+                "delay_steps": None,
+                "delay_s": None,
+                "resolved": False,
+                "resolve_s": None,
+            },
+        ],  # fmt: skip
+        "false_incidents": [
+            {"kind": "slow_gpu", "ranks": [3], "hosts": ["node-3"], "summary": "Rank 3 ..."}
+        ],
+        "job_slowdown_incidents": 0,
+        "step_time_s": 0.28,
+        "ok": False,
+    }
+    text = lab_run.table(out)
+    assert "compute  rank 1  yes" in text and "3 st / 1.2 s" in text
+    assert "link     rank 1  NO" in text
+    assert "false GPU/node/link/hang incidents: 1" in text and "FAIL" in text
+    assert "false: slow_gpu ranks=[3]" in text
+
+
+missing = system.preflight()
+if importlib.util.find_spec("torch") is None:
+    missing.append("PyTorch (make torch)")
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.skipif(bool(missing), reason="the fault lab needs " + "; ".join(missing))
+def test_lab_smoke_finds_a_cpu_starved_rank_and_cleans_up(tmp_path: Path) -> None:
+    out = tmp_path / "lab.json"
+    prefix = "fst"
+    argv = [
+        sys.executable, "-m", "service.cli", "lab", "--ranks", "4", "--fault", "compute",
+        "--warmup", "40", "--hold-steps", "5", "--settle-steps", "5", "--prefix", prefix,
+        "--net", "78", "--port", str(free_port()), "--json", str(out),
+        "--workdir", str(tmp_path / "work"),
+    ]  # fmt: skip
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=240, check=False)
+    print(p.stdout[-4000:], p.stderr[-4000:])
+    res = json.loads(out.read_text())
+    (fault,) = res["faults"]
+    assert fault["detected"] and fault["kind"] == "slow_gpu" and fault["ranks"] == [1], fault
+    assert fault["delay_steps"] <= 10, fault
+    assert res["false_incidents"] == [], res["false_incidents"]
+    assert p.returncode == 0 and res["ok"]
+    # nothing left behind
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not [line for line in netns.splitlines() if line.startswith(prefix)]
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    assert f"{prefix}br" not in links and f"{prefix}h0" not in links
+    assert not list(system.CGROUP_CPU.glob(f"{prefix}-*"))

@@ -1,0 +1,151 @@
+"""A probe campaign end to end over real HTTP and real TCP: the service schedules an ambiguous
+slow link's probes, four node agents' probe workers run them against each other's echo
+endpoints, and the conclusion lands in the incident. One host's probe traffic is paced to
+1/20 of the others' (``max_bps``) as the stand-in for a slow NIC here; the real one — a ``tc tbf``
+on a namespace's veth — is exercised by ``failslow lab``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from agents.probe import EchoServer, ProbeWorker, measure
+from service.db import make_engine, make_sessionmaker, session_scope
+from service.incidents.models import Incident
+from service.incidents.service import IncidentDraft, open_incident
+from service.settings import ActionsSettings, DetectionSettings, ProbeSettings, Settings
+from tests.helpers import T0, envelope
+from tests.live import live_service, wait_for
+
+JOB = "probe-job"
+HOSTS = ["h0", "h1", "h2", "h3"]
+
+
+@pytest.fixture
+def service(db_url: str) -> Iterator[str]:
+    settings = Settings(
+        database_url=db_url,
+        detection=DetectionSettings(interval_s=0.05),
+        actions=ActionsSettings(enabled=False),
+        probes=ProbeSettings(
+            bytes=2 << 20, min_interval_s=3600, pickup_timeout_s=20, slow_below=0.1
+        ),  # loopback speed varies 5x on a busy machine; the stand-in NIC is ~50x slower,
+    )
+    with live_service(settings) as url:
+        ranks = [{"rank": i, "gpu": 0, "world_size": 4} for i in range(4)]
+        for i, h in enumerate(HOSTS):
+            comms = [{"comm": "dp0", "kind": "dp", "ranks": [0, 1, 2, 3]}]
+            env = envelope(job=JOB, host=h, sent_ns=T0, ranks=[ranks[i]], comms=comms)
+            assert httpx.post(f"{url}/v1/ingest", json=env).status_code == 200
+        yield url
+
+
+def _open_ambiguous(db_url: str) -> str:
+    ring = [[HOSTS[i], HOSTS[(i + 1) % 4]] for i in range(4)]
+    with session_scope(make_sessionmaker(make_engine(db_url))) as s:
+        inc, _ = open_incident(
+            s,
+            draft=IncidentDraft(
+                job=JOB, kind="slow_link", subject="link:" + ",".join("|".join(e) for e in ring),
+                ranks=[], hosts=HOSTS, slowdown=1.5, subject_slowdown=3.0, confidence=0.9,
+                onset_ns=T0, detected_ns=T0, onset_step=None, detected_step=None,
+                summary="One of 4 ring links among h0, h1, h2, h3 is slow.",
+                evidence={"ambiguous": True, "candidate_edges": ring},
+            ),
+            now_ns=T0,
+        )  # fmt: skip
+        return inc.id
+
+
+def _workers(url: str, slow: str | None) -> list[ProbeWorker]:
+    return [
+        ProbeWorker(
+            service=url, job=JOB, host=h, listen="127.0.0.1:0", poll_s=0.2,
+            max_bps=8e6 if h == slow else None,
+        ).start()
+        for h in HOSTS
+    ]  # fmt: skip
+
+
+def test_probes_name_the_slow_nic_inside_an_ambiguous_ring(service: str, db_url: str) -> None:
+    incident = _open_ambiguous(db_url)
+    workers = _workers(service, slow="h2")
+    try:
+
+        def probed() -> bool:
+            return "probes" in httpx.get(f"{service}/v1/incidents/{incident}").json()["evidence"]
+
+        assert wait_for(probed, timeout=60)
+    finally:
+        for w in workers:
+            w.stop()
+    inc = httpx.get(f"{service}/v1/incidents/{incident}").json()
+    probes = inc["evidence"]["probes"]
+    assert probes["component"] == "host:h2", probes["pairs"]
+    assert inc["hosts"] == ["h2"]
+    assert "Active probes: the NIC of h2" in inc["summary"]
+    measured = {(p["a"], p["b"]): p for p in probes["pairs"]}
+    assert len(measured) == 6  # 4 hosts: hypercube (4 pairs) + the ring's two diagonals... all
+    assert all(p["slow"] == ("h2" in (p["a"], p["b"])) for p in measured.values())
+    view = httpx.get(f"{service}/v1/jobs/{JOB}/probes").json()
+    (campaign,) = view["campaigns"]
+    assert campaign["state"] == "done" and len(campaign["rounds"]) <= 4
+    for rnd in campaign["rounds"]:
+        used = [h for pair in rnd for h in pair]
+        assert len(used) == len(set(used))
+    # the detectors' later updates keep the probes' conclusion
+    with session_scope(make_sessionmaker(make_engine(db_url))) as s:
+        from service.incidents.service import refresh_incident
+
+        row = s.scalars(select(Incident).where(Incident.id == incident)).one()
+        refresh_incident(
+            s, incident=row, slowdown=1.4, subject_slowdown=2.5, confidence=0.9,
+            summary="Updated.", evidence={"ambiguous": True}, now_ns=T0 + 1,
+        )  # fmt: skip
+    inc = httpx.get(f"{service}/v1/incidents/{incident}").json()
+    assert inc["evidence"]["probes"]["component"] == "host:h2" and inc["hosts"] == ["h2"]
+    assert inc["summary"].startswith("Updated. Active probes: the NIC of h2")
+    assert sum(w.ran for w in workers) == 6 and sum(w.errors for w in workers) == 0
+
+
+def test_no_probes_during_a_critical_phase(service: str, db_url: str) -> None:
+    r = httpx.put(f"{service}/v1/jobs/{JOB}/phase", json={"critical": True})
+    assert r.status_code == 200
+    _open_ambiguous(db_url)
+    workers = _workers(service, slow=None)
+    try:
+        assert wait_for(
+            lambda: bool(httpx.get(f"{service}/v1/jobs/{JOB}/probes").json()["campaigns"]),
+            timeout=30,
+        )
+        time.sleep(1.0)
+        assert sum(w.ran for w in workers) == 0  # scheduled, but withheld
+        httpx.put(f"{service}/v1/jobs/{JOB}/phase", json={"critical": False})
+        assert wait_for(lambda: sum(w.ran for w in workers) >= 1, timeout=30)
+    finally:
+        for w in workers:
+            w.stop()
+
+
+def test_unknown_task_is_404_and_probes_need_the_ingest_role(service: str) -> None:
+    r = httpx.post(f"{service}/v1/jobs/{JOB}/probes/tsk_nope", json={"bps": 1.0})
+    assert r.status_code == 404 and r.headers["content-type"].startswith("application/problem+json")
+    r = httpx.get(f"{service}/v1/jobs/{JOB}/hosts/h0/tasks")
+    assert r.status_code == 200 and r.json() == {"probes": [], "dumps": [], "poll_s": 1.0}
+
+
+def test_measure_and_echo_over_loopback() -> None:
+    server = EchoServer("127.0.0.1:0").start()
+    try:
+        fast = measure(server.addr, 1 << 20)
+        paced = measure(server.addr, 1 << 20, max_bps=8e6)
+        assert fast["bps"] > 20e6 and paced["up_bps"] < 10e6
+        assert server.served == 2
+    finally:
+        server.close()
+    with pytest.raises(OSError):
+        measure(server.addr, 1024, timeout_s=2)
