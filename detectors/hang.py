@@ -64,7 +64,9 @@ class HangDetector:
         dead_after_s: float = 5.0,
         stall_factor: float = 10.0,
         stall_floor_s: float = 10.0,
+        startup_s: float = 60.0,
     ) -> None:
+        self.startup_s = startup_s
         self.timeout_factor = timeout_factor
         self.floor_s = floor_s
         self.dead_after_s = dead_after_s
@@ -73,14 +75,17 @@ class HangDetector:
 
     def timeout_s(self, typical_s: float, step_time_s: float = float("nan")) -> float:
         """How long a collective may take: a multiple of its usual transfer time, at least
-        three step times, at least the floor. A member that suddenly computes f times slower
+        three step times, at least the floor (``startup_s`` for a communicator's first). A member that suddenly computes f times slower
         keeps its peers waiting about (f - 1) step times before the step time itself shows it,
         so three step times tell a straggler of up to ~4x from a hang."""
         floor = self.floor_s
         if step_time_s == step_time_s:
             floor = max(floor, 3.0 * step_time_s)
-        if typical_s != typical_s:  # NaN: never seen one complete
-            return floor
+        if typical_s != typical_s:
+            # NaN: this communicator never completed a collective. Its first one waits for the
+            # last member to start (importing, loading a checkpoint) and sets up connections
+            # (gloo and NCCL connect lazily): not a hang before ``startup_s``
+            return max(floor, self.startup_s)
         return max(floor, self.timeout_factor * typical_s)
 
     def analyse(self, snap: HangSnapshot) -> HangFinding | None:

@@ -13,10 +13,11 @@ later).
 Each communicator is compared with two references, and must be slow against both:
 its own fastest sustained bandwidth (the best 10-frame median in recent history, so a fault does
 not become the norm) and the fast end (80th percentile) of communicators of the same kind and size.
-A communicator without such peers (fewer than three of its kind and size: small jobs) must also
-fall outside its own noise: ``z`` robust spreads (median/MAD of log bandwidth over its last
-``noise_frames`` frames) below its median; small collectives on busy hosts jitter by far more
-than 15%, and one fast block would otherwise make every later frame look slow.
+Every communicator must also fall outside its own noise: ``z`` robust spreads (median/MAD of log
+bandwidth over its last ``noise_frames`` frames, outliers not learnt) below its median; small
+collectives on busy hosts jitter by far more than 15%, and one fast block would otherwise make
+every later frame look slow. Until its noise is known (``min_noise_frames`` frames of data) a
+communicator is not judged.
 """
 
 from __future__ import annotations
@@ -159,7 +160,8 @@ class LinkDetector:
         )
         known = np.isfinite(ratio)
         z = self._noise_z(busbw, parent)
-        beyond_noise = np.isfinite(peer) | (np.nan_to_num(z, nan=-np.inf) >= self.z)
+        # beyond its own noise as well; a comm whose noise is not known yet is not judged
+        beyond_noise = np.nan_to_num(z, nan=-np.inf) >= self.z
         # slow against every reference it has
         slow = (
             known

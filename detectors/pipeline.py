@@ -55,6 +55,14 @@ class _Open:
     last: tuple[float, float, float, str, dict[str, Any]] | None = None
 
 
+def _fading(last: tuple[float, float, float, str, dict[str, Any]] | None, now: float) -> bool:
+    """An update whose subject has lost more than half of its slowdown since the last report:
+    the condition is fading out (recovered frames awaiting hysteresis), not a new level."""
+    if last is None or not np.isfinite(last[1]) or last[1] <= 1.0:
+        return False
+    return not np.isfinite(now) or now - 1.0 < 0.5 * (last[1] - 1.0)
+
+
 def _med(a: np.ndarray) -> float:
     a = np.asarray(a, dtype=np.float64)
     return float(np.nanmedian(a)) if np.isfinite(a).any() else float("nan")
@@ -78,6 +86,7 @@ class JobPipeline:
         baseline_block: int = 10,
         history: int = 64,
         update_every: int = 5,
+        hang_startup_s: float = 60.0,
         hang_floor_s: float = 2.0,
         dead_after_s: float = 5.0,
     ) -> None:
@@ -85,7 +94,9 @@ class JobPipeline:
             late_fraction=late_fraction, compute_ratio=compute_ratio
         )
         self.links = LinkDetector(slow_ratio=link_ratio)
-        self.hangs = HangDetector(floor_s=hang_floor_s, dead_after_s=dead_after_s)
+        self.hangs = HangDetector(
+            floor_s=hang_floor_s, dead_after_s=dead_after_s, startup_s=hang_startup_s
+        )
         self.job_cpd = OnlineChangeDetector()
         track = {"window": window, "open_after": open_after, "resolve_after": resolve_after}
         self.tracker = ConditionTracker(**track)  # slow_gpu, over rank slots
@@ -730,7 +741,7 @@ class JobPipeline:
         if status == "resolved" and info.last is not None:
             slowdown, subject_slowdown, confidence, reason, evidence = info.last
             evidence = dict(evidence)
-        elif status != "resolved":
+        elif status != "resolved" and not _fading(info.last, subject_slowdown):
             info.last = (slowdown, subject_slowdown, confidence, reason, dict(evidence))
         if status == "resolved":
             reason = f"condition absent for {self.tracker.resolve_after}+ frames; " + reason

@@ -183,8 +183,12 @@ class PeerLatenessDetector:
                 & (z_late >= self.z_suspect)
                 & ratio_ok
             )
-            elevated = (late_fraction >= self.late_fraction * self.relax) & (
-                np.isnan(ratio) | (ratio >= relaxed_ratio)
+            elevated = (
+                (late_fraction >= self.late_fraction * self.relax)
+                & (np.isnan(ratio) | (ratio >= relaxed_ratio))
+                # small jobs: still above their noise (hysteresis must not feed on jitter)
+                & (~small | (z >= self.z_suspect * self.relax))
+                & (z_late >= self.z_suspect * self.relax)
             )
             strong_ratio = 1.0 + (self.compute_ratio - 1.0) * self.strong
             # Not for time frames: buckets cut steps anywhere, so a partial step can look strong.

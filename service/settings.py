@@ -144,6 +144,12 @@ class DetectionSettings(BaseModel):
     hang_timeout_floor_s: float = Field(
         default=2.0, gt=0, description="Shortest time a collective may block before it is hung."
     )
+    hang_startup_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Before a job's first step: how long its first collectives may wait for the "
+        "last rank to start.",
+    )
     dead_host_after_s: float = Field(
         default=5.0, gt=0, description="Event time without envelopes after which a host is dead."
     )

@@ -90,6 +90,10 @@ class Lab:
             self.http.headers["Authorization"] = f"Bearer {args.token}"
         self.results: list[FaultResult] = []
         self.step_time_s = float("nan")
+        # the compute fault takes away a fraction of the CPU the rank gets when healthy: a whole
+        # CPU where there are enough, its fair share where ranks outnumber the CPUs
+        self.fair_share = min(1.0, (os.cpu_count() or 1) / self.n)
+        self.cpu_quota = round(args.cpu_quota * self.fair_share, 4)
 
     # -- output --------------------------------------------------------------------------------
     def say(self, text: str) -> None:
@@ -235,7 +239,7 @@ class Lab:
     # -- faults --------------------------------------------------------------------------------
     def inject(self, fault: str, i: int) -> None:
         if fault == "compute":
-            self.quota = CpuQuota(f"{self.args.prefix}-rank{i}", self.args.cpu_quota).__enter__()
+            self.quota = CpuQuota(f"{self.args.prefix}-rank{i}", self.cpu_quota).__enter__()
             self.quota.add(self.trainer_pid(i))
         elif fault == "link":
             self.net.throttle(i, rate=self.args.link_rate)
@@ -255,7 +259,13 @@ class Lab:
         i = self.args.target
         other = (i + 1) % self.n  # a healthy rank's progress counts the steps
         res = FaultResult(fault, i, self.host(i), self.step(), time.time_ns())
-        self.say(f"inject {fault} on rank {i} ({self.host(i)}) at step {res.injected_step}")
+        how = {
+            "compute": f"cgroup cpu quota {self.cpu_quota:g} CPU "
+            f"({self.args.cpu_quota:.0%} of its healthy share)",
+            "link": f"tc tbf {self.args.link_rate} on its veth, both ways",
+            "hang": "SIGSTOP",
+        }[fault]
+        self.say(f"inject {fault} on rank {i} ({self.host(i)}) at step {res.injected_step}: {how}")
         self.inject(fault, i)
         deadline = time.monotonic() + self.args.detect_timeout
         found = None
@@ -366,7 +376,8 @@ class Lab:
             "tp": self.args.tp,
             "dp": self.n // self.args.tp,
             "step_time_s": round(self.step_time_s, 4),
-            "cpu_quota": self.args.cpu_quota,
+            "cpu_quota_of_healthy": self.args.cpu_quota,
+            "cpu_quota_cpus": self.cpu_quota,
             "link_rate": self.args.link_rate,
             "faults": [asdict(r) for r in self.results],
             "false_incidents": false,
@@ -446,7 +457,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--port", type=int, default=8077, help="port of the service started here")
     p.add_argument("--job", default="lab")
     p.add_argument("--batch", type=int, default=1536, help="samples per rank per step")
-    p.add_argument("--cpu-quota", type=float, default=0.25, help="compute fault: CPU fraction")
+    p.add_argument(
+        "--cpu-quota",
+        type=float,
+        default=0.25,
+        help="compute fault: the fraction of its healthy CPU the rank keeps (default 0.25; "
+        "healthy = one CPU, or CPUs/ranks where ranks outnumber CPUs)",
+    )
     p.add_argument("--link-rate", default="100mbit", help="link fault: tbf rate")
     p.add_argument("--warmup", type=int, default=60, help="healthy steps before the first fault")
     p.add_argument("--healthy-steps", type=int, default=300, help="steps of --fault none")

@@ -36,6 +36,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--master", default="127.0.0.1:29500", help="rendezvous address:port (rank 0)")
     p.add_argument("--job", default="lab")
     p.add_argument("--socket", help="node agent socket (default: no telemetry)")
+    p.add_argument("--spool", help="or: write telemetry files to this directory")
     p.add_argument("--progress", help="append one JSON line per step here")
     p.add_argument("--stop-file", help="a file holding the step to stop after")
     p.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: no limit)")
@@ -88,14 +89,17 @@ class ParallelMLP(nn.Module):
         i = dist.get_rank(group)
         self.w1 = nn.Parameter(full1[:, i * shard : (i + 1) * shard].clone())
         self.w2 = nn.Parameter(full2[i * shard : (i + 1) * shard, :].clone())
+        self.inp = nn.Linear(width, width)  # replicated: its gradient needs f's all-reduce
         self.head = nn.Linear(width, 1)
         with torch.no_grad():
+            self.inp.weight.copy_(torch.randn(width, width, generator=g) / width**0.5)
+            self.inp.bias.zero_()
             self.head.weight.copy_(torch.randn(1, width, generator=g) / width**0.5)
             self.head.bias.zero_()
         self.group = group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = _CopyToTP.apply(x, self.group)
+        x = _CopyToTP.apply(torch.tanh(self.inp(x)), self.group)
         h = torch.nn.functional.gelu(x @ self.w1)
         y = _ReduceFromTP.apply(h @ self.w2, self.group)
         return self.head(torch.tanh(y)).squeeze(-1)
@@ -144,11 +148,13 @@ def main(argv: list[str] | None = None) -> int:
             my_dp, dp_name = g, f"dp{j}"
 
     inst = None
-    if not args.no_instrument and args.socket:
+    if not args.no_instrument and (args.socket or args.spool):
         from agents.sdk import Recorder
         from agents.torch import Instrumentation
 
-        recorder = Recorder(args.job, socket_path=args.socket, flush_interval_s=0.05)
+        recorder = Recorder(
+            args.job, socket_path=args.socket, spool_dir=args.spool, flush_interval_s=0.05
+        )
         inst = Instrumentation(recorder).install()
         inst.register_group(tp_name, "tp", my_tp)
 
@@ -188,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             progress.close()
         if inst is not None:
             inst.uninstall()
+            inst.recorder.flush(timeout_s=10)
             inst.recorder.close()
         dist.destroy_process_group()
     return 0

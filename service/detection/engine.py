@@ -96,6 +96,7 @@ class DetectionEngine:
                             warmup_frames=s.warmup_frames,
                             baseline_frames=s.baseline_frames,
                             hang_floor_s=s.hang_timeout_floor_s,
+                            hang_startup_s=s.hang_startup_timeout_s,
                             dead_after_s=s.dead_host_after_s,
                         ),
                         history=HistoryAccumulator(job=job, every=s.history_every_steps),
