@@ -75,9 +75,10 @@ class HangDetector:
 
     def timeout_s(self, typical_s: float, step_time_s: float = float("nan")) -> float:
         """How long a collective may take: a multiple of its usual transfer time, at least
-        three step times, at least the floor (``startup_s`` for a communicator's first). A member that suddenly computes f times slower
-        keeps its peers waiting about (f - 1) step times before the step time itself shows it,
-        so three step times tell a straggler of up to ~4x from a hang."""
+        three step times, at least the floor (``startup_s`` for a communicator's first). A
+        member that suddenly computes f times slower keeps its peers waiting about (f - 1)
+        step times before the step time itself shows it, so three step times tell a straggler
+        of up to ~4x from a hang."""
         floor = self.floor_s
         if step_time_s == step_time_s:
             floor = max(floor, 3.0 * step_time_s)

@@ -63,6 +63,15 @@ def _fading(last: tuple[float, float, float, str, dict[str, Any]] | None, now: f
     return not np.isfinite(now) or now - 1.0 < 0.5 * (last[1] - 1.0)
 
 
+def _explained(busy: set[str], hosts: tuple[str, ...], edges: tuple[tuple[str, str], ...]) -> bool:
+    """Can compute-slow hosts explain a link suspect? A NIC: when its host is one of them. Host
+    pairs: when every candidate pair has an end on one (a slow rank slows the rings through it,
+    not a ring elsewhere)."""
+    if edges:
+        return all(a in busy or b in busy for a, b in edges)
+    return bool(busy.intersection(hosts))
+
+
 def _med(a: np.ndarray) -> float:
     a = np.asarray(a, dtype=np.float64)
     return float(np.nanmedian(a)) if np.isfinite(a).any() else float("nan")
@@ -440,8 +449,8 @@ class JobPipeline:
         }  # fmt: skip
         suspects = {
             f"slow_link/{k}"
-            for k, (hosts, _, _) in links.suspects.items()
-            if not busy.intersection(hosts)
+            for k, (hosts, _, edges) in links.suspects.items()
+            if not _explained(busy, hosts, edges)
             and not (k.startswith("link:") and nics.intersection(hosts))
         }
         # keep an open link subject "elevated" while any of its comms stays below the relaxed ratio

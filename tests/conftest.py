@@ -21,8 +21,30 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(key)
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Tests marked ``both_databases`` run on SQLite and on a real PostgreSQL server."""
+    if "db_url" in metafunc.fixturenames and metafunc.definition.get_closest_marker(
+        "both_databases"
+    ):
+        metafunc.parametrize("db_url", ["sqlite", "postgresql"], indirect=True)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[object]:
+    from tests.infra import postgres as pg
+
+    why = pg.unavailable()
+    if why:
+        pytest.skip(f"PostgreSQL tests skipped: {why}")
+    with pg.server() as server:
+        yield server
+
+
 @pytest.fixture
-def db_url(tmp_path: Path) -> str:
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if getattr(request, "param", "sqlite") == "postgresql":
+        server = request.getfixturevalue("postgres")
+        return str(server.create_database())  # type: ignore[attr-defined]
     return f"sqlite:///{tmp_path}/failslow.db"
 
 

@@ -10,6 +10,8 @@ from fastapi.testclient import TestClient
 
 from tests.helpers import MS, T0, coll, envelope, step, two_hosts
 
+pytestmark = pytest.mark.both_databases  # storage and API: SQLite and PostgreSQL
+
 PROBLEM = "application/problem+json"
 
 

@@ -11,6 +11,8 @@ from agents.simulator import Fault, Layout, Scenario
 from service.app import create_app
 from service.settings import Settings
 
+pytestmark = pytest.mark.both_databases  # storage and API: SQLite and PostgreSQL
+
 SPEC_JOB_FIELDS = {
     "job",
     "world_size",

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
 
 from service.db import check_ready, current_revision, downgrade, head_revision, make_engine, upgrade
 from service.models import Base
+
+pytestmark = pytest.mark.both_databases  # storage and API: SQLite and PostgreSQL
 
 TABLES = {
     "jobs",

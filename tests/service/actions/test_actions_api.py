@@ -20,6 +20,8 @@ from service.incidents import service as incidents
 from service.settings import ActionsSettings, AuthSettings, DetectionSettings, Settings
 from tests.helpers import T0, envelope, two_hosts
 
+pytestmark = pytest.mark.both_databases  # storage and API: SQLite and PostgreSQL
+
 JOB = "job-a"
 
 

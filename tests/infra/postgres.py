@@ -1,0 +1,104 @@
+"""A private PostgreSQL server for tests: Debian's ``postgresql`` binaries, its own data directory,
+port and socket directory under a temporary directory, run as the ``postgres`` system user (the
+server refuses root), stopped and removed at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def _bindir() -> Path | None:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    return Path(found[-1]).parent if found else None
+
+
+def unavailable() -> str | None:
+    """Why a real PostgreSQL cannot run here, or None when it can."""
+    if _bindir() is None:
+        return "PostgreSQL is not installed (Debian: apt-get install postgresql)"
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        return "psycopg is not installed (pip install 'failslow[postgres]')"
+    if os.geteuid() != 0:
+        return "the private PostgreSQL server is started as the postgres user, which needs root"
+    try:
+        pwd.getpwnam("postgres")
+    except KeyError:
+        return "no postgres system user"
+    return None
+
+
+@dataclass(frozen=True)
+class Server:
+    port: int
+    socket_dir: str
+
+    def url(self, db: str) -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{db}"
+
+    def create_database(self) -> str:
+        """A new empty database; returns its SQLAlchemy URL."""
+        import psycopg
+
+        name = "t_" + uuid.uuid4().hex[:12]
+        with psycopg.connect(
+            f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres", autocommit=True
+        ) as c:
+            c.execute(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def server() -> Iterator[Server]:
+    bindir = _bindir()
+    assert bindir is not None
+    root = Path(tempfile.mkdtemp(prefix="failslow-pg-"))
+    data, sock = root / "data", root / "sock"
+    sock.mkdir()
+    shutil.chown(root, "postgres")
+    shutil.chown(sock, "postgres")
+    as_pg = ["runuser", "-u", "postgres", "--"]
+    port = _free_port()
+    subprocess.run(
+        [*as_pg, str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres",
+         "--no-sync", "-E", "UTF8"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    opts = f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
+    subprocess.run(
+        [*as_pg, str(bindir / "pg_ctl"), "-D", str(data), "-o", opts, "-l", str(root / "log"),
+         "-w", "-t", "60", "start"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            time.sleep(0.1)
+        yield Server(port, str(sock))
+    finally:
+        subprocess.run(
+            [*as_pg, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
+            capture_output=True, check=False,
+        )  # fmt: skip
+        shutil.rmtree(root, ignore_errors=True)
