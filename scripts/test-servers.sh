@@ -2,6 +2,7 @@
 # Best effort: install the real servers some tests run against (Debian packages), when this
 # machine allows it. Tests whose server is still missing are skipped with the reason printed.
 #   PostgreSQL: storage and API tests, two services on one database (private server per run).
+#   Prometheus (promtool): the alerting and recording rules in deploy/prometheus.
 #   Slurm (slurmctld, slurmd, scontrol) + munge: the slurm actuator against a real cluster.
 set -u
 apt_install() {  # packages...; quiet, with one retry after apt-get update
@@ -20,6 +21,16 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
         command -v systemctl >/dev/null 2>&1 && systemctl stop postgresql >/dev/null 2>&1
     else
         echo "test-servers: not root or no apt-get: the PostgreSQL tests will be skipped"
+    fi
+fi
+if ! command -v promtool >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "test-servers: installing Debian's prometheus (promtool) ..."
+        apt_install prometheus ||
+            echo "test-servers: prometheus install failed (see /tmp/failslow-test-servers.log)"
+        command -v systemctl >/dev/null 2>&1 && systemctl stop prometheus >/dev/null 2>&1
+    else
+        echo "test-servers: not root or no apt-get: the promtool tests will be skipped"
     fi
 fi
 need=""
