@@ -232,8 +232,8 @@ class Lab:
     def matches(fault: str, inc: dict[str, Any], rank: int, host: str) -> bool:
         if inc["kind"] != EXPECTED[fault]:
             return False
-        if fault == "link":
-            return host in inc.get("hosts", [])
+        if fault == "link":  # a NIC or a host pair; a longer list (ambiguous) is not localised
+            return host in inc.get("hosts", []) and len(inc.get("hosts", [])) <= 2
         return list(inc.get("ranks", [])) == [rank]
 
     # -- faults --------------------------------------------------------------------------------
