@@ -1,0 +1,27 @@
+# failslow service (and agent) image. Multi-stage: wheels are built in the first stage, the
+# runtime stage has no compilers, runs as an unprivileged user and checks its own health.
+FROM python:3.11-slim AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY service service
+COPY agents agents
+COPY detectors detectors
+COPY migrations migrations
+RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[postgres]'
+
+FROM python:3.11-slim
+RUN useradd --system --uid 10001 --home-dir /var/lib/failslow --create-home failslow
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir --no-index --find-links /wheels 'failslow[postgres]' \
+    && rm -rf /wheels
+USER failslow
+WORKDIR /var/lib/failslow
+ENV FAILSLOW_HOST=0.0.0.0 \
+    FAILSLOW_PORT=8000 \
+    FAILSLOW_DATABASE_URL=sqlite:////var/lib/failslow/failslow.db \
+    PYTHONUNBUFFERED=1
+EXPOSE 8000
+HEALTHCHECK --interval=15s --timeout=3s --start-period=20s --retries=3 \
+    CMD python -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/readyz', timeout=2).status != 200)"
+ENTRYPOINT ["failslow"]
+CMD ["serve"]

@@ -1,0 +1,98 @@
+"""Static checks of the deployment files (no Docker, Kubernetes or helm binary here): the
+compose file parses and everything it mounts exists; every `.Values.x.y` the Helm templates use
+is defined in values.yaml; the Dockerfile is multi-stage, non-root and health-checked; the systemd
+units, Slurm prolog/epilog and Grafana provisioning are well-formed and point at real files."""
+
+from __future__ import annotations
+
+import configparser
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+
+
+def test_compose_parses_and_mounts_existing_files() -> None:
+    path = DEPLOY / "docker" / "compose.yml"
+    doc = yaml.safe_load(path.read_text())
+    assert set(doc["services"]) == {"postgres", "failslow", "prometheus", "grafana"}
+    for name, svc in doc["services"].items():
+        assert "image" in svc or "build" in svc, name
+        for vol in svc.get("volumes", []):
+            src = vol.split(":")[0]
+            if src.startswith("."):
+                assert (path.parent / src).resolve().exists(), (name, src)
+    build = (path.parent / doc["services"]["failslow"]["build"]["context"]).resolve()
+    assert (build / "Dockerfile").exists()
+    env = doc["services"]["failslow"]["environment"]
+    assert env["FAILSLOW_DATABASE_URL"].startswith("postgresql+psycopg://")
+
+
+def _keys(d: object, prefix: str = "") -> set[str]:
+    out = set()
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.add(prefix + k)
+            out |= _keys(v, prefix + k + ".")
+    return out
+
+
+def test_helm_templates_use_only_defined_values() -> None:
+    chart = DEPLOY / "helm" / "failslow"
+    assert yaml.safe_load((chart / "Chart.yaml").read_text())["apiVersion"] == "v2"
+    values = _keys(yaml.safe_load((chart / "values.yaml").read_text()))
+    used = set()
+    for t in (chart / "templates").glob("*"):
+        used |= set(re.findall(r"\.Values\.([A-Za-z0-9_.]+)", t.read_text()))
+    assert used and used <= values, used - values
+    kinds = {
+        m
+        for t in (chart / "templates").glob("*.yaml")
+        for m in re.findall(r"^kind: (\w+)", t.read_text(), flags=re.M)
+    }
+    assert kinds == {
+        "Deployment", "DaemonSet", "Service", "ServiceMonitor", "PrometheusRule", "Secret"
+    }  # fmt: skip
+    rules = chart / "files" / "failslow-rules.yml"
+    assert rules.read_text() == (DEPLOY / "prometheus" / "failslow-rules.yml").read_text()
+    assert "honorLabels: true" in (chart / "templates" / "servicemonitor.yaml").read_text()
+
+
+def test_dockerfile_is_multistage_nonroot_and_healthchecked() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    assert len(re.findall(r"^FROM ", text, flags=re.M)) == 2
+    assert re.search(r"^USER failslow$", text, flags=re.M)
+    assert "HEALTHCHECK" in text and "/readyz" in text
+
+
+@pytest.mark.parametrize("unit", ["failslow.service", "failslow-agent.service"])
+def test_systemd_units(unit: str) -> None:
+    cp = configparser.ConfigParser(strict=True, interpolation=None)
+    cp.optionxform = str  # type: ignore[assignment,method-assign]
+    cp.read(DEPLOY / "systemd" / unit)
+    assert cp["Service"]["ExecStart"].startswith("/usr/local/bin/failslow ")
+    assert cp["Service"]["User"] == "failslow" and cp["Install"]["WantedBy"]
+
+
+@pytest.mark.parametrize("script", ["prolog.sh", "epilog.sh"])
+def test_slurm_scripts_parse(script: str) -> None:
+    path = DEPLOY / "slurm" / script
+    assert subprocess.run(["sh", "-n", str(path)], check=False).returncode == 0
+    assert path.stat().st_mode & 0o111
+
+
+def test_grafana_provisioning_points_at_the_dashboards() -> None:
+    ds = yaml.safe_load((DEPLOY / "grafana/provisioning/datasources/failslow.yml").read_text())
+    uid = ds["datasources"][0]["uid"]
+    for f in (DEPLOY / "grafana" / "dashboards").glob("*.json"):
+        d = json.loads(f.read_text())
+        ids = [p["id"] for p in d["panels"]]
+        assert len(ids) == len(set(ids)) and d["uid"]
+        for p in d["panels"]:
+            assert p["datasource"]["uid"] == uid and p["targets"], p["title"]
