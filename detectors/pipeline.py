@@ -747,10 +747,12 @@ class JobPipeline:
             )
         if status == "opened" and info.kind in ("slow_node", "slow_link"):
             evidence["host_outliers"] = self._host_outliers(info.hosts)
-        if status == "resolved" and info.last is not None:
+        if info.last is not None and (
+            status == "resolved" or _fading(info.last, subject_slowdown)
+        ):  # report what the fault was, not the recovered frames awaiting hysteresis
             slowdown, subject_slowdown, confidence, reason, evidence = info.last
             evidence = dict(evidence)
-        elif status != "resolved" and not _fading(info.last, subject_slowdown):
+        elif status != "resolved":
             info.last = (slowdown, subject_slowdown, confidence, reason, dict(evidence))
         if status == "resolved":
             reason = f"condition absent for {self.tracker.resolve_after}+ frames; " + reason

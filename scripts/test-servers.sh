@@ -2,7 +2,8 @@
 # Best effort: install the real servers some tests run against (Debian packages), when this
 # machine allows it. Tests whose server is still missing are skipped with the reason printed.
 #   PostgreSQL: storage and API tests, two services on one database (private server per run).
-#   Prometheus (promtool): the alerting and recording rules in deploy/prometheus.
+#   Prometheus: promtool checks the rules; a real server scrapes failslow end to end.
+#   Chromium + chromium-driver: the status page (/ui) in a real headless browser.
 #   Slurm (slurmctld, slurmd, scontrol) + munge: the slurm actuator against a real cluster.
 set -u
 apt_install() {  # packages...; quiet, with one retry after apt-get update
@@ -31,6 +32,15 @@ if ! command -v promtool >/dev/null 2>&1; then
         command -v systemctl >/dev/null 2>&1 && systemctl stop prometheus >/dev/null 2>&1
     else
         echo "test-servers: not root or no apt-get: the promtool tests will be skipped"
+    fi
+fi
+if ! command -v chromedriver >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "test-servers: installing Debian's chromium and chromium-driver ..."
+        apt_install chromium chromium-driver ||
+            echo "test-servers: chromium install failed (see /tmp/failslow-test-servers.log)"
+    else
+        echo "test-servers: not root or no apt-get: the status-page browser test will be skipped"
     fi
 fi
 need=""

@@ -32,6 +32,7 @@ from service.plans.router import router as plans_router
 from service.probes.manager import ProbeManager
 from service.probes.router import router as probes_router
 from service.settings import Settings
+from service.ui.router import router as ui_router
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(actions_router)
     app.include_router(plans_router)
     app.include_router(probes_router)
+    app.include_router(ui_router)
     app.include_router(ops_router)
 
     def openapi() -> dict[str, Any]:

@@ -112,3 +112,18 @@ async def flush(job: JobId, ctx: CtxDep) -> JobSummary:
 )
 async def evaluate(job: JobId, ctx: CtxDep) -> JobSummary:
     return await run_in_threadpool(_run_and_summarise, ctx, job, flush=False, mitigate=True)
+
+
+@router.get(
+    "/{job}/history",
+    dependencies=[ReadAuth],
+    summary="Downsampled history: job step time and each rank's speed per bucket of steps",
+)
+def get_history(
+    job: JobId,
+    session: SessionDep,
+    buckets: Annotated[int, Query(ge=1, le=2000)] = 120,
+) -> dict[str, object]:
+    if jobs_db.get_job(session, job=job) is None:
+        raise NotFound(f"no job {job!r}")
+    return jobs_db.history(session, job=job, buckets=buckets)

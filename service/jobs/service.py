@@ -197,3 +197,39 @@ def add_history(
         session.execute(insert(JobHistory), job_rows)
     if rank_rows:
         session.execute(insert(RankHistory), rank_rows)
+
+
+def history(session: Session, *, job: str, buckets: int) -> dict[str, Any]:
+    """The newest ``buckets`` history buckets: the job's step time per bucket, and per rank its
+    speed score (1 = typical) — what the status page draws as a chart and a heatmap."""
+    rows = session.scalars(
+        select(JobHistory)
+        .where(JobHistory.job_id == job)
+        .order_by(JobHistory.bucket.desc())
+        .limit(buckets)
+    ).all()[::-1]
+    first = rows[0].bucket if rows else 0
+    ranks = session.execute(
+        select(RankHistory.rank, RankHistory.bucket, RankHistory.score)
+        .where(RankHistory.job_id == job, RankHistory.bucket >= first)
+        .order_by(RankHistory.rank, RankHistory.bucket)
+    ).all()
+    index = {r.bucket: i for i, r in enumerate(rows)}
+    scores: dict[int, list[float | None]] = {}
+    for rank, bucket, score in ranks:
+        if bucket in index:
+            scores.setdefault(int(rank), [None] * len(rows))[index[bucket]] = score
+    return {
+        "job": job,
+        "buckets": [
+            {
+                "bucket": r.bucket,
+                "end_ns": r.end_ns,
+                "steps": r.steps,
+                "step_time_s": r.step_time_s,
+                "step_time_max_s": r.step_time_max_s,
+            }
+            for r in rows
+        ],
+        "ranks": [{"rank": r, "score": s} for r, s in sorted(scores.items())],
+    }
