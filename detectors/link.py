@@ -130,9 +130,18 @@ class LinkDetector:
                 self._blocks.append(np.nanmedian(m, axis=0))
             self._current = []
 
-    def score(self, frame: Frame, shape: JobShape) -> LinkScores:
+    def score(
+        self, frame: Frame, shape: JobShape, busy_hosts: set[int] | None = None
+    ) -> LinkScores:
+        """``busy_hosts``: host indices with a rank that computes slowly now; the communicators
+        through them are left out of this frame (a starved rank slows the collectives it
+        drives: gloo reduces on the CPU, NCCL kernels share the SMs) and not learnt from."""
         n_comms = min(frame.comm_bytes.size, shape.comm_kind.size)
         cross = np.array([len(h) >= 2 for h in shape.comm_hosts[:n_comms]], dtype=bool)
+        if busy_hosts:
+            cross &= np.array(
+                [not busy_hosts.intersection(h) for h in shape.comm_hosts[:n_comms]], dtype=bool
+            )
         busbw = bus_bandwidth(
             frame.comm_bytes[:n_comms], np.ones(n_comms), frame.comm_transfer[:n_comms]
         )

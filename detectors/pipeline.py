@@ -246,7 +246,8 @@ class JobPipeline:
         nodes = node_scores(
             frame, scores, shape, late_fraction=self.late_fraction, compute_ratio=self.compute_ratio
         )
-        links = self.links.score(frame, shape)
+        busy = {shape.hosts.index(h) for h in self._compute_hosts(scores) if h in shape.hosts}
+        links = self.links.score(frame, shape, busy)
         self.last_scores, self.last_links = scores, links
         self.has_steps = frame.has_steps
         self._record(frame, scores, nodes, links, n_comms)

@@ -27,8 +27,8 @@ def test_two_services_on_one_database_never_duplicate(postgres: object, tmp_path
     subprocess.run(
         [*CLI, "simulate", "--job", "twins", "--tp", "2", "--pp", "1", "--dp", "8",
          "--gpus-per-host", "2", "--steps", "160", "--seed", "3", "--quiet",
-         "--fault", "slow_gpu:rank=5,start=60,factor=2.0",
-         "--fault", "slow_nic:host=node-006,start=60,factor=3.0", "--out", str(data)],
+         "--fault", "slow_gpu:rank=5,start=30,end=70,factor=2.0",
+         "--fault", "slow_nic:host=node-006,start=100,factor=3.0", "--out", str(data)],
         check=True, timeout=300,
     )  # fmt: skip
     procs, urls = [], []
