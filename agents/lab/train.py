@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         from agents.torch import Instrumentation
 
         recorder = Recorder(
-            args.job, socket_path=args.socket, spool_dir=args.spool, flush_interval_s=0.05
+            args.job, socket_path=args.socket, spool_dir=args.spool, flush_interval_s=0.5
         )
         inst = Instrumentation(recorder).install()
         inst.register_group(tp_name, "tp", my_tp)
