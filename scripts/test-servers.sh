@@ -4,6 +4,7 @@
 #   PostgreSQL: storage and API tests, two services on one database (private server per run).
 #   Prometheus: promtool checks the rules; a real server scrapes failslow end to end.
 #   Chromium + chromium-driver: the status page (/ui) in a real headless browser.
+#   docker-compose: `docker-compose config` validates deploy/docker/compose.yml (no daemon).
 #   Slurm (slurmctld, slurmd, scontrol) + munge: the slurm actuator against a real cluster.
 set -u
 apt_install() {  # packages...; quiet, with one retry after apt-get update
@@ -32,6 +33,13 @@ if ! command -v promtool >/dev/null 2>&1; then
         command -v systemctl >/dev/null 2>&1 && systemctl stop prometheus >/dev/null 2>&1
     else
         echo "test-servers: not root or no apt-get: the promtool tests will be skipped"
+    fi
+fi
+if ! command -v docker-compose >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "test-servers: installing Debian's docker-compose (to validate deploy/docker) ..."
+        apt_install docker-compose ||
+            echo "test-servers: docker-compose install failed (see /tmp/failslow-test-servers.log)"
     fi
 fi
 if ! command -v chromedriver >/dev/null 2>&1; then

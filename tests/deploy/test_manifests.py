@@ -8,6 +8,7 @@ from __future__ import annotations
 import configparser
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -96,3 +97,26 @@ def test_grafana_provisioning_points_at_the_dashboards() -> None:
         assert len(ids) == len(set(ids)) and d["uid"]
         for p in d["panels"]:
             assert p["datasource"]["uid"] == uid and p["targets"], p["title"]
+
+
+@pytest.mark.skipif(
+    shutil.which("docker-compose") is None,
+    reason="docker-compose not installed (Debian: apt-get install docker-compose)",
+)
+def test_docker_compose_accepts_the_compose_file() -> None:
+    path = DEPLOY / "docker" / "compose.yml"
+    env = {"PATH": "/usr/bin:/bin", "FAILSLOW_TOKEN": "t0ken"}
+    p = subprocess.run(
+        ["docker-compose", "-f", str(path), "config"],
+        capture_output=True, text=True, env=env, check=False,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    rendered = yaml.safe_load(p.stdout)
+    assert (
+        rendered["services"]["failslow"]["environment"]["FAILSLOW_AUTH__INGEST_TOKENS"] == "t0ken"
+    )
+    p = subprocess.run(
+        ["docker-compose", "-f", str(path), "config"],
+        capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, check=False,
+    )  # fmt: skip
+    assert p.returncode != 0 and "set FAILSLOW_TOKEN" in p.stderr  # no token: refused
