@@ -3,9 +3,10 @@ tensor-parallel pairs x DDP, ~8 instrumented collectives per rank per step).
 
 ``--ranks 2 --tp 1`` keeps one rank per core. Runs the job alternately without and with the
 instrumentation (``--pairs`` times each, ``--steps`` steps, the first 5 dropped), and reports
-the median step time of each and the difference. Issue 5's target: < 1% of step time. On a 2-core machine running 4 ranks, the step
-time of consecutive identical runs varies by a few percent, so the spread of the plain runs is
-reported next to the difference: a difference inside it is not a measured cost.
+the median step time of each and the difference. Issue 5's target: < 1% of step time. On a
+2-core machine running 4 ranks, the step time of consecutive identical runs varies by a few
+percent, so the spread of the plain runs is reported next to the difference: a difference inside
+it is not a measured cost.
 
     python bench/lab_overhead.py [--pairs 3] [--steps 40] [--json bench/results/lab_overhead.json]
 """
