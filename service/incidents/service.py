@@ -79,6 +79,21 @@ def open_incident(session: Session, *, draft: IncidentDraft, now_ns: int) -> tup
 STICKY_EVIDENCE = ("probes", "flight_recorder", "nccl_ras")
 
 
+def add_notes(
+    summary: str, evidence: dict[str, Any], *, replacing: dict[str, Any] | None = None
+) -> str:
+    """``summary`` with the one-sentence note of each sticky evidence source in ``evidence``;
+    the notes of ``replacing`` (that evidence's previous version) are taken out first."""
+    for key in STICKY_EVIDENCE:
+        old = ((replacing or {}).get(key) or {}).get("note")
+        if old:
+            summary = summary.replace(f" {old}", "")
+        note = (evidence.get(key) or {}).get("note")
+        if note and note not in summary:
+            summary = f"{summary} {note}"
+    return summary
+
+
 def refresh_incident(
     session: Session,
     *,
@@ -96,11 +111,7 @@ def refresh_incident(
     incident.confidence = max(incident.confidence, confidence)
     # what other parts of the service added (active probes) outlives the detectors' updates
     kept = {k: v for k, v in (incident.evidence or {}).items() if k in STICKY_EVIDENCE}
-    for key in STICKY_EVIDENCE:
-        note = (kept.get(key) or {}).get("note")
-        if note and note not in summary:
-            summary = f"{summary} {note}"
-    incident.summary = summary
+    incident.summary = add_notes(summary, kept)
     incident.evidence = {**evidence, **kept}
     if (kept.get("probes") or {}).get("component"):
         incident.hosts = list(kept["probes"]["hosts"])

@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.db import session_scope
 from service.ids import new_id
 from service.incidents.models import Incident
+from service.incidents.service import add_notes
 from service.metrics import Metrics
 from service.probes.schedule import Pair, PairResult, analyse, plan_rounds
 from service.settings import ProbeSettings
@@ -265,11 +266,10 @@ class ProbeManager:
                 if inc is None:
                     return
                 if conclusion["component"]:
-                    conclusion["note"] = note = probe_note(conclusion)
+                    conclusion["note"] = probe_note(conclusion)
                     inc.hosts = list(conclusion["hosts"])  # type: ignore[call-overload]
-                    if note not in inc.summary:
-                        inc.summary = f"{inc.summary} {note}"
                 inc.evidence = {**(inc.evidence or {}), "probes": conclusion}
+                inc.summary = add_notes(inc.summary, inc.evidence)
                 inc.updated_ns = now
         except Exception:  # noqa: BLE001 - a lost conclusion is logged; the campaign stays done
             log.exception("cannot write probe campaign %s into incident %s", c.id, c.incident)

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from service.context import CtxDep, IngestAuth, JobClientAuth, JobId, ReadAuth, SessionDep
 from service.errors import Conflict, NotFound
 from service.incidents.models import Incident
-from service.incidents.service import STICKY_EVIDENCE
+from service.incidents.service import add_notes
 from service.probes.hang_evidence import HangEvidenceIn, merge
 
 router = APIRouter(prefix="/v1/jobs", tags=["probes"])
@@ -116,14 +116,6 @@ def post_hang_evidence(
         raise Conflict(f"incident {incident!r} is a {row.kind}, not a hang")
     before = dict(row.evidence or {})
     row.evidence = merge(before, body)
-    summary = row.summary
-    for key in STICKY_EVIDENCE:  # the newest note of each source replaces its older one
-        old = (before.get(key) or {}).get("note")
-        if old:
-            summary = summary.replace(f" {old}", "")
-        note = (row.evidence.get(key) or {}).get("note")
-        if note and note not in summary:
-            summary = f"{summary} {note}"
-    row.summary = summary
+    row.summary = add_notes(row.summary, row.evidence, replacing=before)
     session.commit()
     return {"incident": incident, "flight_recorder": row.evidence.get("flight_recorder")}
