@@ -1,4 +1,4 @@
-"""Static checks of the deployment files (no Docker, Kubernetes or helm binary here): the
+"""Static checks of the deployment files (the chart is rendered by helm in test_helm.py): the
 compose file parses and everything it mounts exists; every `.Values.x.y` the Helm templates use
 is defined in values.yaml; the Dockerfile is multi-stage, non-root and health-checked; the systemd
 units, Slurm prolog/epilog and Grafana provisioning are well-formed and point at real files."""

