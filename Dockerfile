@@ -1,6 +1,9 @@
 # failslow service (and agent) image. Multi-stage: wheels are built in the first stage, the
 # runtime stage has no compilers, runs as an unprivileged user and checks its own health.
-FROM python:3.11-slim AS build
+# PYTHON_IMAGE: any image with Python 3.11, pip and useradd (scripts/local-python-image.sh builds
+# one from Debian's packages where Docker Hub cannot be reached).
+ARG PYTHON_IMAGE=python:3.11-slim
+FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY service service
@@ -9,7 +12,7 @@ COPY detectors detectors
 COPY migrations migrations
 RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[postgres]'
 
-FROM python:3.11-slim
+FROM ${PYTHON_IMAGE}
 RUN useradd --system --uid 10001 --home-dir /var/lib/failslow --create-home failslow
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir --no-index --find-links /wheels 'failslow[postgres]' \

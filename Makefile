@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo serve test lint bench eval clean venv torch
+.PHONY: demo serve test lint bench eval clean venv torch image-smoke
 
 venv: $(STAMP)
 
@@ -41,6 +41,10 @@ bench: $(STAMP)
 	$(PY) bench/ingest_throughput.py
 	$(PY) bench/agent_cost.py
 	$(PY) bench/detection_scale.py
+
+# Build the Docker image and check it for real (healthy, non-root, finds a fault); needs dockerd.
+image-smoke: $(STAMP)
+	@sh scripts/image-smoke.sh
 
 eval: $(STAMP)
 	$(VENV)/bin/failslow eval
