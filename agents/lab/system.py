@@ -86,6 +86,9 @@ class LabNetwork:
             self.created.append(("link", self.bridge))
             _run("ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge)
             _run("ip", "link", "set", self.bridge, "up")
+            if _bridge_filtered():
+                _run("iptables", *_forward_rule("-I", self.bridge))
+                self.created.append(("iptables", self.bridge))
             for i in range(self.n):
                 _run("ip", "netns", "add", self.ns(i))
                 self.created.append(("netns", self.ns(i)))
@@ -125,6 +128,8 @@ class LabNetwork:
         for kind, name in reversed(self.created):
             if kind == "netns":
                 _run("ip", "netns", "del", name, check=False)
+            elif kind == "iptables":
+                _run("iptables", *_forward_rule("-D", name), check=False)
             else:
                 _run("ip", "link", "del", name, check=False)
         self.created.clear()
@@ -177,9 +182,30 @@ class CpuQuota:
             self.path.rmdir()
 
 
+def _bridge_filtered() -> bool:
+    """Bridged traffic goes through iptables' FORWARD chain (br_netfilter, which Docker loads
+    along with a FORWARD policy of DROP): the lab's namespaces could not reach one another."""
+    flag = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
+    try:
+        return flag.read_text().strip() == "1" and shutil.which("iptables") is not None
+    except OSError:
+        return False
+
+
+def _forward_rule(action: str, bridge: str) -> list[str]:
+    """Let traffic between the lab's own ports of ``bridge`` through (insert/delete)."""
+    return [action, "FORWARD", "-i", bridge, "-o", bridge, "-j", "ACCEPT"]
+
+
 def cleanup_stale(prefix: str) -> list[str]:
-    """Remove namespaces, links and cgroups left by a crashed run with this prefix."""
+    """Remove namespaces, links, firewall rules and cgroups left by a crashed run with this
+    prefix."""
     removed = []
+    if _bridge_filtered():
+        for _ in range(16):  # one rule per crashed run
+            if _run("iptables", *_forward_rule("-D", f"{prefix}br"), check=False).returncode:
+                break
+            removed.append(f"iptables FORWARD {prefix}br")
     listing = _run("ip", "netns", "list", check=False).stdout.split("\n")
     for line in listing:
         name = line.split(" ")[0].strip()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -114,3 +115,6 @@ def test_lab_smoke_finds_a_cpu_starved_rank_and_cleans_up(tmp_path: Path) -> Non
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     assert f"{prefix}br" not in links and f"{prefix}h0" not in links
     assert not list(system.CGROUP_CPU.glob(f"{prefix}-*"))
+    if shutil.which("iptables"):  # the FORWARD rule for a Docker host's bridge filtering
+        rules = subprocess.run(["iptables", "-S", "FORWARD"], capture_output=True, text=True)
+        assert f"{prefix}br" not in rules.stdout

@@ -5,6 +5,7 @@ root, namespaces, tc or cgroup v1."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import time
@@ -111,3 +112,27 @@ def test_stale_leftovers_are_removed() -> None:
     removed = system.cleanup_stale("fsz")
     assert "fsz3" in removed and "fszbr" in removed
     assert _links("fsz") == []
+
+
+@pytest.mark.skipif(
+    not system._bridge_filtered() or shutil.which("ping") is None,
+    reason="bridged traffic is not filtered by iptables here (or no ping)",
+)
+def test_on_a_docker_host_the_bridge_is_let_through_and_the_rule_removed() -> None:
+    """With br_netfilter on and FORWARD's policy DROP (Docker's set-up), namespaces on a bridge
+    cannot reach one another unless the lab lets its bridge through; the rule goes at close,
+    and a crashed run's rule is removed by the stale cleanup."""
+
+    def rules() -> str:
+        return subprocess.run(["iptables", "-S", "FORWARD"], capture_output=True, text=True).stdout
+
+    with system.LabNetwork(2, prefix="fsy", net=79) as net:
+        assert "-i fsybr -o fsybr -j ACCEPT" in rules()
+        ping = subprocess.run(
+            net.exec(0, ["ping", "-c", "1", "-W", "2", net.ip(1)]), capture_output=True
+        )
+        assert ping.returncode == 0
+    assert "fsybr" not in rules()
+    subprocess.run(["iptables", *system._forward_rule("-I", "fsybr")], check=True)
+    assert "iptables FORWARD fsybr" in system.cleanup_stale("fsy")
+    assert "fsybr" not in rules()
