@@ -11,9 +11,19 @@ hook with the arithmetic of DDP's default one. Results are never changed: the wr
 original function with the original arguments and return its result; errors of the
 instrumentation itself are counted and swallowed, the training's own errors pass through.
 
-On GPUs a wall clock around an asynchronous NCCL launch measures the launch, not the kernel;
-there, completion times come from the Work's future (which completes when the kernel has), and
-``ProcessGroupNCCL``'s completion hook can replace it. On CPU/gloo the wall clock is exact.
+On CPU/gloo the wall clock around the call is exact. On GPUs a wall clock around an asynchronous
+NCCL launch measures the launch, not the collective, so calls on CUDA tensors are timed with CUDA
+events instead: one recorded on the caller's current stream before the call (the moment this rank's
+stream reaches the collective: its arrival) and one recorded, after completion, on a stream that
+waits for the collective (the caller's stream after a synchronous call or ``wait()``; inside the
+Work future's callback, whose current stream PyTorch synchronises with the work, for asynchronous
+calls and DDP buckets). The watchdog thread polls the events and records ``start`` = host launch
+time, ``end`` = ``start`` + the GPU time between the events (arrival to completion: the waiting for
+late peers included, which is what the service's lateness needs). ``ProcessGroupNCCL``'s
+on-completion hook was not used: PyTorch deprecated it in 2.6 in favour of the Flight Recorder
+(which the agent reads, ``agents.sources.flight_recorder``), and it requires
+``TORCH_NCCL_ENABLE_TIMING``. The CUDA path is exercised here only with stand-in events (no GPU on
+the development machines); the logic around them is the same code.
 
 A call still in flight after ``inflight_after_s`` is reported once with ``end_ns: null`` by a
 watchdog thread (the training thread may be the one that is blocked); the completed record follows
@@ -61,6 +71,17 @@ def _nbytes(value: Any) -> int:
     return 0
 
 
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, list | tuple):
+        for v in value:
+            t = _first_tensor(v)
+            if t is not None:
+                return t
+    return None
+
+
 def _ranks(group: Any) -> list[int]:
     """Global ranks of a process group (None or WORLD: every rank), in group order."""
     if group is None or group is dist.group.WORLD:
@@ -100,11 +121,23 @@ class Instrumentation:
         *,
         clock: Callable[[], int] = time.time_ns,
         inflight_after_s: float | None = 1.0,
+        gpu_timing: bool | None = None,
+        event_factory: Callable[[], Any] | None = None,
     ) -> None:
-        """``inflight_after_s``: report calls blocked this long as in flight (None: never)."""
+        """``inflight_after_s``: report calls blocked this long as in flight (None: never).
+        ``gpu_timing``: time calls with CUDA events — None: calls on CUDA tensors, when CUDA is
+        available; True: every call; False: never. ``event_factory`` makes the events (default
+        ``torch.cuda.Event(enable_timing=True)``; anything with ``record()``, ``query()`` and
+        ``elapsed_time(other)`` in ms)."""
         self.recorder = recorder
         self.clock = clock
         self.inflight_after_s = inflight_after_s
+        if gpu_timing is None and not torch.cuda.is_available():
+            gpu_timing = False
+        self.gpu_timing = gpu_timing
+        self._new_event = event_factory or (lambda: torch.cuda.Event(enable_timing=True))
+        self._events: list[tuple[Any, Any, tuple[Any, ...]]] = []  # (start, end, record)
+        self.event_errors = 0
         self.inflight_reported = 0
         # (comm, seq, rank-side key) -> [op, nbytes, start, peer, reported]
         self._inflight: dict[tuple[str, int], list[Any]] = {}
@@ -138,7 +171,8 @@ class Instrumentation:
                 continue
             self._originals[name] = original
             setattr(dist, name, self._wrap(name, original))
-        if self.inflight_after_s is not None and self._watchdog is None:
+        needs_thread = self.inflight_after_s is not None or self.gpu_timing is not False
+        if needs_thread and self._watchdog is None:
             self._stop.clear()
             self._watchdog = threading.Thread(
                 target=self._watch, name="failslow-inflight", daemon=True
@@ -154,12 +188,79 @@ class Instrumentation:
         if self._watchdog is not None:
             self._watchdog.join(timeout=2.0)
             self._watchdog = None
+        self.poll_events()
 
     def _watch(self) -> None:
-        assert self.inflight_after_s is not None
-        period = min(0.25, self.inflight_after_s / 2)
+        period = 0.25 if self.inflight_after_s is None else min(0.25, self.inflight_after_s / 2)
         while not self._stop.wait(period):
+            self.poll_events()
             self.report_inflight()
+
+    # -- GPU timing ------------------------------------------------------------------------------
+    def _event_start(self, value: Any) -> Any:
+        """A started CUDA event when this call is timed on the GPU, else None."""
+        if self.gpu_timing is False:
+            return None
+        if self.gpu_timing is None:
+            tensor = _first_tensor(value)
+            if tensor is None or not tensor.is_cuda:
+                return None
+        try:
+            event = self._new_event()
+            event.record()
+            return event
+        except Exception:  # noqa: BLE001 - fall back to the wall clock
+            self.event_errors += 1
+            return None
+
+    def _complete(
+        self,
+        comm: str,
+        seq: int,
+        op: str,
+        nbytes: int,
+        start: int,
+        peer: int | None,
+        event: Any,
+    ) -> None:
+        """The call has returned (synchronous) or completed (asynchronous): record it now on the
+        wall clock, or once its end event has happened on the GPU."""
+        if event is not None:
+            try:
+                end_event = self._new_event()
+                end_event.record()
+            except Exception:  # noqa: BLE001
+                self.event_errors += 1
+            else:
+                with self._lock:
+                    self._events.append((event, end_event, (comm, seq, op, nbytes, start, peer)))
+                return
+        self._record(comm, seq, op, nbytes, start, self.clock(), peer)
+
+    def poll_events(self) -> int:
+        """Record the GPU-timed calls whose end event has happened; returns how many."""
+        with self._lock:
+            pending, self._events = self._events, []
+        if not pending:
+            return 0
+        keep, done = [], []
+        for item in pending:
+            begin, end, record = item
+            try:
+                if not end.query():
+                    keep.append(item)
+                    continue
+                duration_ns = int(round(float(begin.elapsed_time(end)) * 1e6))
+            except Exception:  # noqa: BLE001 - a broken event: drop it, count it
+                self.event_errors += 1
+                continue
+            done.append((record, max(0, duration_ns)))
+        if keep:
+            with self._lock:
+                self._events[:0] = keep
+        for (comm, seq, op, nbytes, start, peer), duration_ns in done:
+            self._record(comm, seq, op, nbytes, start, start + duration_ns, peer)
+        return len(done)
 
     def report_inflight(self) -> int:
         """Report (once each) the calls in flight for longer than ``inflight_after_s``."""
@@ -255,33 +356,43 @@ class Instrumentation:
                 else:
                     comm, peer = self._comm(group), None
                     seq = self._next(comm)
-                nbytes = _nbytes(arg(args, kwargs, payload)) if payload else 0
+                value = arg(args, kwargs, payload) if payload else None
+                nbytes = _nbytes(value)
                 asynchronous = always_async or bool(arg(args, kwargs, "async_op"))
             except Exception:  # noqa: BLE001 - never into the training loop
                 self.errors += 1
                 return original(*args, **kwargs)
             start = self.clock()
             self._begin(comm, seq, op, nbytes, start, peer)
+            event = self._event_start(value)
             self._local.inside = True
             try:
                 result = original(*args, **kwargs)
             finally:
                 self._local.inside = False
             if asynchronous and result is not None:
-                return self._on_done(result, comm, seq, op, nbytes, start, peer)
-            self._record(comm, seq, op, nbytes, start, self.clock(), peer)
+                return self._on_done(result, comm, seq, op, nbytes, start, peer, event)
+            self._complete(comm, seq, op, nbytes, start, peer, event)
             return result
 
         return wrapper
 
     def _on_done(
-        self, work: Any, comm: str, seq: int, op: str, nbytes: int, start: int, peer: int | None
+        self,
+        work: Any,
+        comm: str,
+        seq: int,
+        op: str,
+        nbytes: int,
+        start: int,
+        peer: int | None,
+        event: Any = None,
     ) -> Any:
         """Record when the asynchronous call completes: from its future where the backend has
         one; otherwise (gloo's send/recv) when the caller's ``wait()`` returns."""
 
         def done(*_: Any) -> None:
-            self._record(comm, seq, op, nbytes, start, self.clock(), peer)
+            self._complete(comm, seq, op, nbytes, start, peer, event)
 
         try:
             work.get_future().add_done_callback(done)
@@ -349,12 +460,15 @@ class Instrumentation:
             tensor = bucket.buffer()
             tensor.div_(size)
             seq = self._next(name)
+            nbytes = _nbytes(tensor)
             start = self.clock()
-            self._begin(name, seq, "allreduce", _nbytes(tensor), start, None)
+            self._begin(name, seq, "allreduce", nbytes, start, None)
+            event = self._event_start(tensor)
             fut = all_reduce(tensor, group=group, async_op=True).get_future()
 
             def done(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
-                self._record(name, seq, "allreduce", _nbytes(tensor), start, self.clock(), None)
+                # on CUDA, PyTorch runs this with a current stream that waits for the all-reduce
+                self._complete(name, seq, "allreduce", nbytes, start, None, event)
                 return f.value()[0]
 
             return fut.then(done)

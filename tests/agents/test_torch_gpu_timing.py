@@ -1,0 +1,208 @@
+"""agents.torch's GPU timing path (CUDA events), on a real one-rank gloo group with stand-in events.
+
+There is no GPU on the development machines, so ``torch.cuda.Event`` is replaced by ``_Event``
+below: it reads a fake GPU clock when recorded and has "happened" once the test moves the GPU's
+progress past it — what CUDA events do, without a device. Everything around the events (which
+calls are event-timed, sync/async/DDP completion, polling, in-flight reports, broken events) is the
+production code. On a GPU machine the same paths run with real events (``gpu_timing=None``)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip(
+    "torch", reason="PyTorch not installed (optional extra failslow[torch])"
+)
+dist = pytest.importorskip("torch.distributed")
+
+
+class _Gpu:
+    def __init__(self) -> None:
+        self.now_ns = 1_000  # the fake device clock
+        self.done_ns = 0  # every event recorded at or before this has happened
+
+
+class _Event:
+    def __init__(self, gpu: _Gpu) -> None:
+        self.gpu = gpu
+        self.at: int | None = None
+
+    def record(self) -> None:
+        self.at = self.gpu.now_ns
+        self.gpu.now_ns += 250_000  # 0.25 ms of device time between consecutive events
+
+    def query(self) -> bool:
+        assert self.at is not None
+        return self.at <= self.gpu.done_ns
+
+    def elapsed_time(self, end: _Event) -> float:  # ms, like torch.cuda.Event
+        assert self.at is not None and end.at is not None
+        return (end.at - self.at) / 1e6
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def register_rank(self, *a: Any, **k: Any) -> None: ...
+
+    def register_comm(self, *a: Any, **k: Any) -> None: ...
+
+    def record_collective(self, **kw: Any) -> None:
+        self.records.append(kw)
+
+
+@pytest.fixture
+def group(tmp_path: Any) -> Any:
+    os.environ.pop("MASTER_ADDR", None)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _inst(gpu: _Gpu, **kw: Any) -> Any:
+    from agents.torch import Instrumentation
+
+    host = iter(range(10_000_000_000, 10**12, 1_000_000_000))  # host clock: +1 s per reading
+    return Instrumentation(
+        _Recorder(),
+        clock=lambda: next(host),
+        gpu_timing=True,
+        event_factory=lambda: _Event(gpu),
+        inflight_after_s=None,
+        **kw,
+    )
+
+
+def test_sync_and_async_calls_are_timed_by_their_events(group: None) -> None:
+    gpu = _Gpu()
+    inst = _inst(gpu).install()
+    try:
+        t = torch.ones(8)
+        dist.all_reduce(t)  # events at 1,000 and 251,000: 0.25 ms apart
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+        assert inst.recorded == 0  # nothing until the GPU has passed the end events
+        assert inst.poll_events() == 0
+        gpu.done_ns = gpu.now_ns
+        assert inst.poll_events() == 2
+    finally:
+        inst.uninstall()
+    recs = inst.recorder.records
+    assert [(r["op"], r["seq"], r["nbytes"]) for r in recs] == [
+        ("allreduce", 0, 32),
+        ("allreduce", 1, 32),
+    ]
+    for r in recs:  # duration from the events, not from the host clock (+1 s per reading)
+        assert r["end_ns"] - r["start_ns"] == 250_000
+    assert recs[0]["start_ns"] < recs[1]["start_ns"]
+    assert inst.errors == 0 and inst.event_errors == 0
+
+
+def test_events_happen_in_any_order_and_unfinished_ones_wait(group: None) -> None:
+    gpu = _Gpu()
+    inst = _inst(gpu).install()
+    try:
+        dist.all_reduce(torch.ones(2))
+        first_end = gpu.now_ns - 250_000
+        dist.broadcast(torch.ones(2), src=0)
+        gpu.done_ns = first_end  # only the first collective has finished on the device
+        assert inst.poll_events() == 1
+        assert [r["op"] for r in inst.recorder.records] == ["allreduce"]
+        gpu.done_ns = gpu.now_ns
+        assert inst.poll_events() == 1
+        assert [r["op"] for r in inst.recorder.records] == ["allreduce", "broadcast"]
+    finally:
+        inst.uninstall()
+
+
+def test_ddp_buckets_are_event_timed_and_training_unchanged(group: None) -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def train(inst: Any | None) -> list[float]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        ddp = DDP(model, bucket_cap_mb=0.0001)
+        if inst is not None:
+            ddp.register_comm_hook(None, inst.ddp_hook())
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        losses = []
+        for step in range(3):
+            x = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))
+            opt.zero_grad()
+            loss = ddp(x).square().mean()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    plain = train(None)
+    gpu = _Gpu()
+    inst = _inst(gpu).install()
+    try:
+        timed = train(inst)
+        gpu.done_ns = gpu.now_ns
+        inst.poll_events()
+    finally:
+        inst.uninstall()
+    assert timed == plain
+    dp = [r for r in inst.recorder.records if r["comm"] == "dp"]
+    assert len(dp) >= 3 and all(r["end_ns"] - r["start_ns"] == 250_000 for r in dp)
+
+
+def test_a_call_the_gpu_never_finishes_is_reported_in_flight(group: None) -> None:
+    gpu = _Gpu()
+    inst = _inst(gpu).install()
+    inst.inflight_after_s = 0.5  # host clock moves 1 s per reading
+    try:
+        dist.all_reduce(torch.ones(4))
+        assert inst.poll_events() == 0
+        assert inst.report_inflight() == 1
+        assert [r["end_ns"] for r in inst.recorder.records] == [None]
+        gpu.done_ns = gpu.now_ns
+        assert inst.poll_events() == 1  # the completed record follows
+        assert inst.recorder.records[-1]["end_ns"] is not None
+        assert inst.report_inflight() == 0
+    finally:
+        inst.uninstall()
+
+
+def test_broken_events_are_counted_and_never_raise(group: None) -> None:
+    class Broken(_Event):
+        def elapsed_time(self, end: _Event) -> float:
+            raise RuntimeError("event not recorded")
+
+    from agents.torch import Instrumentation
+
+    gpu = _Gpu()
+    inst = Instrumentation(
+        _Recorder(), gpu_timing=True, event_factory=lambda: Broken(gpu), inflight_after_s=None
+    ).install()
+    try:
+        t = torch.ones(3)
+        dist.all_reduce(t)
+        gpu.done_ns = gpu.now_ns
+        assert inst.poll_events() == 0
+    finally:
+        inst.uninstall()
+    assert inst.event_errors == 1 and inst.recorder.records == []
+    assert torch.equal(t, torch.ones(3))  # the training's result is untouched
+
+
+def test_cpu_tensors_use_the_wall_clock_by_default(group: None) -> None:
+    from agents.torch import Instrumentation
+
+    made = []
+    inst = Instrumentation(
+        _Recorder(), event_factory=lambda: made.append(1), inflight_after_s=None
+    ).install()  # gpu_timing=None: events only for CUDA tensors (and only with CUDA)
+    try:
+        dist.all_reduce(torch.ones(2))
+    finally:
+        inst.uninstall()
+    assert made == [] and len(inst.recorder.records) == 1
