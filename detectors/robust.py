@@ -13,6 +13,12 @@ def loo_median(values: np.ndarray) -> np.ndarray:
     ``values`` has shape (rows, m). NaNs are missing and neither counted nor given a result.
     Leave-one-out matters for small groups: in a pair the straggler must be compared with its
     peer alone, not with a median that half contains itself.
+
+    Removing any copy of a value leaves the same multiset, so the result depends on the value
+    alone: with the row sorted (``s``, ``k`` valid values), the other values' median is
+    ``(r[lo] + r[hi]) / 2`` with ``lo, hi = (k - 2) // 2, (k - 1) // 2`` and ``r[i] = s[i]`` when
+    the value is at least ``s[i + 1]`` (it sits after ``i``), else ``s[i + 1]``. One sort per row
+    and a few element-wise passes; no scatter back to the original order.
     """
     x = np.asarray(values, dtype=np.float64)
     if x.ndim != 2:
@@ -20,23 +26,24 @@ def loo_median(values: np.ndarray) -> np.ndarray:
     rows, m = x.shape
     if m == 0:
         return x.copy()
-    order = np.argsort(x, axis=1, kind="stable")  # NaNs sort last
-    s = np.take_along_axis(x, order, axis=1)
     valid = np.isfinite(x)
-    k = valid.sum(axis=1, keepdims=True)  # valid per row
-    pos = np.arange(m)[None, :]  # sorted position of each element
-    rem = k - 1
-    lo = (rem - 1) // 2
-    hi = rem // 2
-    lo_idx = np.clip(lo + (lo >= pos), 0, m - 1)
-    hi_idx = np.clip(hi + (hi >= pos), 0, m - 1)
-    med_sorted = 0.5 * (
-        np.take_along_axis(s, lo_idx, axis=1) + np.take_along_axis(s, hi_idx, axis=1)
-    )
-    med_sorted = np.where((rem >= 1) & (pos < k), med_sorted, np.nan)
-    out = np.empty_like(med_sorted)
-    np.put_along_axis(out, order, med_sorted, axis=1)
-    return out
+    all_valid = bool(valid.all())
+    s = np.sort(x if all_valid else np.where(valid, x, np.nan), axis=1)  # NaNs last
+    k = np.full((rows, 1), m) if all_valid else valid.sum(axis=1, keepdims=True)
+    lo = np.clip((k - 2) // 2, 0, m - 1)
+    hi = np.clip((k - 1) // 2, 0, m - 1)
+    lo1 = np.minimum(lo + 1, m - 1)
+    hi1 = np.minimum(hi + 1, m - 1)
+    s_lo, s_lo1 = np.take_along_axis(s, lo, axis=1), np.take_along_axis(s, lo1, axis=1)
+    s_hi, s_hi1 = np.take_along_axis(s, hi, axis=1), np.take_along_axis(s, hi1, axis=1)
+    out = np.where(x >= s_lo1, s_lo, s_lo1)
+    out += np.where(x >= s_hi1, s_hi, s_hi1)
+    out *= 0.5
+    if all_valid:
+        if m < 2:
+            out[:] = np.nan
+        return out
+    return np.where(valid & (k >= 2), out, np.nan)
 
 
 def median_mad(values: np.ndarray) -> tuple[float, float]:

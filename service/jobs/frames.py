@@ -251,18 +251,27 @@ class FrameBuilder:
         if not self.has_steps:
             return np.full(slot.size, -1), np.zeros(slot.size, bool), np.ones(slot.size, bool)
         self.ensure(n_slots)
-        own = self.newest_end[slot] != NEVER
+        newest_own = self.newest_end[slot]
+        own = newest_own != NEVER
+        all_own = bool(own.all())  # the usual case: every rank sends step records
         frame_ids = np.full(slot.size, -1, dtype=np.int64)
         for index in sorted(self.frames):
             acc = self.frames[index]
             acc.grow(n_slots, self.n_comms)
-            st, en = acc.starts[slot], acc.ends[slot]
-            hit = own & (st >= 0) & (start >= st) & (start < en)
-            hit |= ~own & (start >= acc.start_ns) & (start < acc.end_ns)
-            frame_ids = np.where((frame_ids < 0) & hit, index, frame_ids)
+            # per slot (small): a slot without this step's record matches nothing
+            end = np.where(acc.starts >= 0, acc.ends, NEVER)
+            hit = start >= acc.starts[slot]
+            hit &= start < end[slot]
+            if not all_own:
+                hit &= own
+                hit |= ~own & (start >= acc.start_ns) & (start < acc.end_ns)
+            hit &= frame_ids < 0
+            frame_ids[hit] = index
         found = frame_ids >= 0
+        if all_own:
+            return frame_ids, found, ~found & (start >= newest_own)
         newest_frame = max((a.end_ns for a in self.frames.values()), default=NEVER)
-        newest = np.where(own, self.newest_end[slot], newest_frame)
+        newest = np.where(own, newest_own, newest_frame)
         return frame_ids, found, ~found & (start >= newest)
 
     def _requeue(self, queue: _Queue, arrays: dict[str, np.ndarray]) -> None:
