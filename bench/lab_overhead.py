@@ -27,7 +27,6 @@ bound is below 1%. ``--arm-b plain`` runs the same with two plain copies: the me
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import random
@@ -120,7 +119,7 @@ def worker(args: argparse.Namespace) -> int:
     import torch.distributed as dist
     from torch import nn
 
-    from agents.lab.train import ParallelMLP, _train_step, groups
+    from agents.lab.train import ParallelMLP, _train_step, join
     from agents.sdk import Recorder
     from agents.torch import Instrumentation
 
@@ -128,25 +127,7 @@ def worker(args: argparse.Namespace) -> int:
     cores = sorted(os.sched_getaffinity(0))
     if args.ranks <= len(cores):  # one core per rank: no migrations (its threads follow it)
         os.sched_setaffinity(0, {cores[args.rank]})
-    addr, port = args.master.rsplit(":", 1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://{addr}:{port}",
-        rank=args.rank,
-        world_size=args.ranks,
-        timeout=datetime.timedelta(minutes=10),
-    )
-    tps, dps = groups(args.ranks, args.tp)
-    my_tp = my_dp = None
-    tp_name = dp_name = ""
-    for k, ranks in enumerate(tps):
-        g = dist.new_group(ranks)
-        if args.rank in ranks:
-            my_tp, tp_name = g, f"tp{k}"
-    for j, ranks in enumerate(dps):
-        g = dist.new_group(ranks)
-        if args.rank in ranks:
-            my_dp, dp_name = g, f"dp{j}"
+    my_tp, tp_name, my_dp, dp_name = join(args.rank, args.ranks, args.tp, args.master)
 
     recorder = Recorder("overhead", spool_dir=args.spool, flush_interval_s=0.5)
     inst = Instrumentation(recorder).install()

@@ -114,6 +114,31 @@ def groups(world: int, tp: int) -> tuple[list[list[int]], list[list[int]]]:
     return tps, dps
 
 
+def join(rank: int, world: int, tp: int, master: str) -> tuple[Any, str, Any, str]:
+    """Join the gloo job at ``master`` (``address:port`` of rank 0) and create its groups:
+    ``(tensor-parallel group, its name, data-parallel group, its name)`` of this rank."""
+    addr, port = master.rsplit(":", 1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{addr}:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(minutes=10),  # a lab hang lasts until the lab resumes it
+    )
+    tps, dps = groups(world, tp)
+    my_tp = my_dp = None
+    tp_name = dp_name = ""
+    for k, ranks in enumerate(tps):  # every rank creates every group, in the same order
+        g = dist.new_group(ranks)
+        if rank in ranks:
+            my_tp, tp_name = g, f"tp{k}"
+    for j, ranks in enumerate(dps):
+        g = dist.new_group(ranks)
+        if rank in ranks:
+            my_dp, dp_name = g, f"dp{j}"
+    return my_tp, tp_name, my_dp, dp_name
+
+
 def _stop_at(path: str | None) -> int | None:
     if not path:
         return None
@@ -127,25 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
-    addr, port = args.master.rsplit(":", 1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://{addr}:{port}",
-        rank=args.rank,
-        world_size=args.world,
-        timeout=datetime.timedelta(minutes=10),  # a lab hang lasts until the lab resumes it
-    )
-    tps, dps = groups(args.world, args.tp)
-    my_tp = my_dp = None
-    tp_name = dp_name = ""
-    for k, ranks in enumerate(tps):  # every rank creates every group, in the same order
-        g = dist.new_group(ranks)
-        if args.rank in ranks:
-            my_tp, tp_name = g, f"tp{k}"
-    for j, ranks in enumerate(dps):
-        g = dist.new_group(ranks)
-        if args.rank in ranks:
-            my_dp, dp_name = g, f"dp{j}"
+    my_tp, tp_name, my_dp, dp_name = join(args.rank, args.world, args.tp, args.master)
 
     inst = None
     if not args.no_instrument and (args.socket or args.spool):
