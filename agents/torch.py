@@ -123,15 +123,19 @@ class Instrumentation:
         inflight_after_s: float | None = 1.0,
         gpu_timing: bool | None = None,
         event_factory: Callable[[], Any] | None = None,
+        poll_s: float | None = 0.25,
     ) -> None:
         """``inflight_after_s``: report calls blocked this long as in flight (None: never).
         ``gpu_timing``: time calls with CUDA events — None: calls on CUDA tensors, when CUDA is
         available; True: every call; False: never. ``event_factory`` makes the events (default
         ``torch.cuda.Event(enable_timing=True)``; anything with ``record()``, ``query()`` and
-        ``elapsed_time(other)`` in ms)."""
+        ``elapsed_time(other)`` in ms). ``poll_s``: how often a background thread polls the
+        events and the calls in flight (at most every ``inflight_after_s / 2``); None: no thread,
+        the caller runs :meth:`poll_events` and :meth:`report_inflight` itself."""
         self.recorder = recorder
         self.clock = clock
         self.inflight_after_s = inflight_after_s
+        self.poll_s = poll_s
         if gpu_timing is None and not torch.cuda.is_available():
             gpu_timing = False
         self.gpu_timing = gpu_timing
@@ -172,7 +176,7 @@ class Instrumentation:
             self._originals[name] = original
             setattr(dist, name, self._wrap(name, original))
         needs_thread = self.inflight_after_s is not None or self.gpu_timing is not False
-        if needs_thread and self._watchdog is None:
+        if needs_thread and self.poll_s is not None and self._watchdog is None:
             self._stop.clear()
             self._watchdog = threading.Thread(
                 target=self._watch, name="failslow-inflight", daemon=True
@@ -191,7 +195,10 @@ class Instrumentation:
         self.poll_events()
 
     def _watch(self) -> None:
-        period = 0.25 if self.inflight_after_s is None else min(0.25, self.inflight_after_s / 2)
+        assert self.poll_s is not None
+        period = self.poll_s
+        if self.inflight_after_s is not None:
+            period = min(period, self.inflight_after_s / 2)
         while not self._stop.wait(period):
             self.poll_events()
             self.report_inflight()
