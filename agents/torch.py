@@ -212,11 +212,16 @@ class Instrumentation:
             tensor = _first_tensor(value)
             if tensor is None or not tensor.is_cuda:
                 return None
+        return self._recorded_event()
+
+    def _recorded_event(self) -> Any:
+        """A new event recorded on the current stream; None (counted) if that fails, and the
+        call falls back to the wall clock."""
         try:
             event = self._new_event()
             event.record()
             return event
-        except Exception:  # noqa: BLE001 - fall back to the wall clock
+        except Exception:  # noqa: BLE001
             self.event_errors += 1
             return None
 
@@ -232,16 +237,11 @@ class Instrumentation:
     ) -> None:
         """The call has returned (synchronous) or completed (asynchronous): record it now on the
         wall clock, or once its end event has happened on the GPU."""
-        if event is not None:
-            try:
-                end_event = self._new_event()
-                end_event.record()
-            except Exception:  # noqa: BLE001
-                self.event_errors += 1
-            else:
-                with self._lock:
-                    self._events.append((event, end_event, (comm, seq, op, nbytes, start, peer)))
-                return
+        end_event = self._recorded_event() if event is not None else None
+        if end_event is not None:
+            with self._lock:
+                self._events.append((event, end_event, (comm, seq, op, nbytes, start, peer)))
+            return
         self._record(comm, seq, op, nbytes, start, self.clock(), peer)
 
     def poll_events(self) -> int:
