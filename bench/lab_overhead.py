@@ -161,7 +161,6 @@ def worker(args: argparse.Namespace) -> int:
     replica = args.rank // args.tp
     rows = []
     bg0 = _thread_cpu_s("failslow-sdk") + _thread_cpu_s("failslow-inflight")
-    wall0 = time.perf_counter()
     for pair in range(args.steps):
         g = torch.Generator().manual_seed(pair * 1009 + replica)
         x = torch.randn(args.batch, args.model, generator=g)
@@ -182,14 +181,12 @@ def worker(args: argparse.Namespace) -> int:
         rows.append((times["A"], times["B"], cpu["A"], cpu["B"]))
         if args.rank == 0 and (pair + 1) % 50 == 0:
             print(f"  {pair + 1}/{args.steps} step pairs", file=sys.stderr, flush=True)
-    wall = time.perf_counter() - wall0
     bg = _thread_cpu_s("failslow-sdk") + _thread_cpu_s("failslow-inflight") - bg0
     use(originals)
     out = {
         "rank": args.rank,
         "pairs": rows,
         "background_cpu_s": bg,
-        "wall_s": wall,
         "records": inst.recorded,
         "instrumentation_errors": inst.errors,
     }
