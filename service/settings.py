@@ -147,8 +147,8 @@ class DetectionSettings(BaseModel):
     hang_startup_timeout_s: float = Field(
         default=60.0,
         gt=0,
-        description="Before a job's first step: how long its first collectives may wait for the "
-        "last rank to start.",
+        description="How long a communicator's first collective may block (waiting for the "
+        "last rank to start, lazy connection set-up) before it is hung.",
     )
     dead_host_after_s: float = Field(
         default=5.0, gt=0, description="Event time without envelopes after which a host is dead."
