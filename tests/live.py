@@ -46,10 +46,12 @@ def live_service(settings: Settings, port: int | None = None) -> Iterator[str]:
         thread.join(timeout=10)
 
 
-def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05) -> bool:  # type: ignore[no-untyped-def]
+def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05):  # type: ignore[no-untyped-def]
+    """The predicate's first truthy value within ``timeout``, else its last (falsy) one."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if predicate():
-            return True
+        got = predicate()
+        if got:
+            return got
         time.sleep(interval)
-    return bool(predicate())
+    return predicate()

@@ -8,14 +8,13 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from service.settings import DetectionSettings, Settings
-from tests.live import live_service
+from tests.live import live_service, wait_for
 
 CLI = [sys.executable, "-m", "service.cli"]
 DRIVER = shutil.which("chromedriver")
@@ -45,13 +44,9 @@ def _browser():  # type: ignore[no-untyped-def]
 
 
 def _wait(predicate, timeout: float = 30.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = predicate()
-        if got:
-            return got
-        time.sleep(0.25)
-    raise AssertionError("timed out")
+    got = wait_for(predicate, timeout=timeout, interval=0.25)
+    assert got, "timed out"
+    return got
 
 
 def test_status_page_shows_the_hang_and_approves_an_action(db_url: str, tmp_path: Path) -> None:
