@@ -17,7 +17,7 @@ Every communicator must also fall outside its own noise: ``z`` robust spreads (m
 bandwidth over its last ``noise_frames`` frames, outliers not learnt) below its median; small
 collectives on busy hosts jitter by far more than 15%, and one fast block would otherwise make
 every later frame look slow. Until its noise is known (``min_noise_frames`` frames of data) a
-communicator is not judged.
+communicator is not judged. The median and spread are refreshed every ``refresh_frames`` frames.
 """
 
 from __future__ import annotations
@@ -70,52 +70,94 @@ class LinkDetector:
         self.noise_frames = 200
         self.min_noise_frames = 20
         self.min_log_spread = 0.02
-        self._log: np.ndarray = np.full((self.noise_frames, 0), np.nan)  # ring of log busbw
+        self.refresh_frames = 20
+        # per comm, a ring of its log busbw (float32: spreads are >= 0.02, far above its 1e-7
+        # resolution); a comm's window is one contiguous row
+        self._log: np.ndarray = np.full((0, self.noise_frames), np.nan, dtype=np.float32)
         self._log_n = 0
+        self._count = np.zeros(0, dtype=np.int64)  # finite entries of each comm's window
+        self._med = np.zeros(0)  # median log busbw of each comm's window (NaN: not yet)
+        self._spread = np.zeros(0)  # its robust spread
+        self._baseline: np.ndarray | None = None  # baseline() of the blocks so far
 
     def _noise_z(self, busbw: np.ndarray, parent: np.ndarray) -> np.ndarray:
         """Per comm: robust spreads below its own median log bandwidth (NaN while unknown);
-        then remembers this frame. A re-created comm starts from its predecessor's history."""
+        then remembers this frame. A re-created comm starts from its predecessor's history.
+
+        The median and spread of each comm's window are kept, not recomputed every frame: a
+        comm's are computed when it first has ``min_noise_frames`` frames, then refreshed every
+        ``refresh_frames`` frames (a 1/``refresh_frames`` share of the comms per frame), so
+        they lag its window by less than a tenth of it — and a frame costs O(comms), not
+        O(comms x window), which at 100K ranks was most of the detection time."""
         n = busbw.size
-        if self._log.shape[1] < n:
-            old = self._log.shape[1]
-            grown = np.full((self.noise_frames, n), np.nan)
-            grown[:, :old] = self._log
-            for c in range(old, n):
-                p = int(parent[c]) if c < parent.size else -1
-                if 0 <= p < old:
-                    grown[:, c] = self._log[:, p]
-            self._log = grown
+        if self._log.shape[0] < n:
+            self._grow_log(n, parent)
         with np.errstate(divide="ignore", invalid="ignore"):
             x = np.log(np.where(busbw > 0, busbw, np.nan))
-        hist = self._log[:, :n]
-        count = np.isfinite(hist).sum(axis=0)
-        z = np.full(n, np.nan)
-        if (count >= self.min_noise_frames).any():
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                med = np.nanmedian(hist, axis=0)
-                spread = np.maximum(
-                    1.4826 * np.nanmedian(np.abs(hist - med), axis=0), self.min_log_spread
-                )
-            z = np.where(count >= self.min_noise_frames, (med - x) / spread, np.nan)
+        count = self._count[:n]
+        new = np.flatnonzero((count >= self.min_noise_frames) & np.isnan(self._med[:n]))
+        due = np.arange((-self._log_n) % self.refresh_frames, n, self.refresh_frames)
+        due = due[count[due] >= self.min_noise_frames]
+        if new.size:
+            due = np.union1d(due, new)
+        if due.size:
+            self._refresh(due)
+        with np.errstate(invalid="ignore"):
+            z = (self._med[:n] - x) / self._spread[:n]
+        z[count < self.min_noise_frames] = np.nan
         # outliers are not learnt: a lasting fault must not become the noise (or the median)
         row = np.where(np.nan_to_num(z, nan=-np.inf) >= self.z, np.nan, x)
-        self._log[self._log_n % self.noise_frames, :n] = row
-        self._log[self._log_n % self.noise_frames, n:] = np.nan
+        p = self._log_n % self.noise_frames
+        self._count -= np.isfinite(self._log[:, p])  # the frame that leaves the window
+        self._log[:n, p] = row
+        self._log[n:, p] = np.nan
+        self._count[:n] += np.isfinite(self._log[:n, p])
         self._log_n += 1
         return z
+
+    def _grow_log(self, n: int, parent: np.ndarray) -> None:
+        old = self._log.shape[0]
+        grown = np.full((n, self.noise_frames), np.nan, dtype=self._log.dtype)
+        grown[:old] = self._log
+        for c in range(old, n):
+            p = int(parent[c]) if c < parent.size else -1
+            if 0 <= p < old:
+                grown[c] = self._log[p]
+        self._log = grown
+        self._count = np.isfinite(grown).sum(axis=1)
+        self._med = np.concatenate([self._med, np.full(n - old, np.nan)])
+        self._spread = np.concatenate([self._spread, np.full(n - old, np.nan)])
+
+    def _refresh(self, cols: np.ndarray) -> None:
+        """Median and robust spread (scaled MAD, at least ``min_log_spread``) of the log
+        bandwidth windows of ``cols``: one sort per column, missing values last."""
+        hist = self._log[cols]
+        c = self._count[cols]
+        ok = c > 0
+        lo, hi = np.maximum(c - 1, 0) // 2, c // 2
+        at = np.arange(cols.size)
+        s = np.sort(hist, axis=1)
+        med = np.where(ok, 0.5 * (s[at, lo].astype(np.float64) + s[at, hi]), np.nan)
+        dev = np.sort(np.abs(hist - med.astype(hist.dtype)[:, None]), axis=1)
+        mad = np.where(ok, 0.5 * (dev[at, lo].astype(np.float64) + dev[at, hi]), np.nan)
+        self._med[cols] = med
+        self._spread[cols] = np.maximum(1.4826 * mad, self.min_log_spread)
 
     def baseline(self, n_comms: int) -> np.ndarray:
         """Per comm: the fastest sustained bus bandwidth seen (NaN when never seen)."""
         if not self._blocks:
             return np.full(n_comms, np.nan)
+        if self._baseline is not None and self._baseline.size == n_comms:
+            return self._baseline  # it only changes when a block is added (every ``block``)
         stacked = np.full((len(self._blocks), n_comms), np.nan)
         for i, b in enumerate(self._blocks):
             stacked[i, : min(b.size, n_comms)] = b[:n_comms]
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # comms never seen: all-NaN columns
-            return np.where(np.isfinite(stacked).any(axis=0), np.nanmax(stacked, axis=0), np.nan)
+            self._baseline = np.where(
+                np.isfinite(stacked).any(axis=0), np.nanmax(stacked, axis=0), np.nan
+            )
+        return self._baseline
 
     def learn(self, busbw: np.ndarray) -> None:
         self._current.append(busbw)
@@ -129,6 +171,7 @@ class LinkDetector:
                 warnings.simplefilter("ignore", RuntimeWarning)
                 self._blocks.append(np.nanmedian(m, axis=0))
             self._current = []
+            self._baseline = None
 
     def score(
         self, frame: Frame, shape: JobShape, busy_hosts: set[int] | None = None
@@ -137,11 +180,12 @@ class LinkDetector:
         through them are left out of this frame (a starved rank slows the collectives it
         drives: gloo reduces on the CPU, NCCL kernels share the SMs) and not learnt from."""
         n_comms = min(frame.comm_bytes.size, shape.comm_kind.size)
-        cross = np.array([len(h) >= 2 for h in shape.comm_hosts[:n_comms]], dtype=bool)
+        keep = shape.ch_comm < n_comms
+        ch_comm, ch_host = shape.ch_comm[keep], shape.ch_host[keep]
+        cross = np.bincount(ch_comm, minlength=n_comms) >= 2  # distinct hosts per comm
         if busy_hosts:
-            cross &= np.array(
-                [not busy_hosts.intersection(h) for h in shape.comm_hosts[:n_comms]], dtype=bool
-            )
+            through = ch_comm[np.isin(ch_host, np.fromiter(busy_hosts, np.int64))]
+            cross[through] = False
         busbw = bus_bandwidth(
             frame.comm_bytes[:n_comms], np.ones(n_comms), frame.comm_transfer[:n_comms]
         )
