@@ -282,19 +282,25 @@ class JobPipeline:
         self.f_index[p], self.f_start[p], self.f_end[p] = frame.index, frame.start_ns, frame.end_ns
         self.f_time[p] = s.frame_time if frame.has_steps else np.nan
         self.f_norm[p] = s.frame_time
-        self.elevated[:, p] = False
-        self.suspect[:, p] = False
+        # column p of (slots, history) arrays: write each entry once (strided writes are the
+        # cost of this method at 100K ranks)
+        self.elevated[n:, p] = False
+        self.suspect[n:, p] = False
         self.elevated[:n, p] = s.elevated
         self.suspect[:n, p] = s.suspect
         for name, values in (("compute", s.compute), ("late", s.late), ("ratio", s.compute_ratio)):
             arr = getattr(self, name)
-            arr[:, p] = np.nan
+            arr[n:, p] = np.nan
             arr[:n, p] = values
-        self.cross[:, p] = np.nan
-        if self.shape is not None:
+        self.cross[n:, p] = np.nan
+        if nodes.rank_ratio is not None:  # node_scores' peer_ratio of the same compute times
+            self.cross[:n, p] = nodes.rank_ratio
+        elif self.shape is not None:
             self.cross[:n, p] = peer_ratio(s.compute, self.shape.cross_groups)
-        self.link_ratio[:, p] = np.nan
+        else:
+            self.cross[:n, p] = np.nan
         m = min(n_comms, links.ratio.size)
+        self.link_ratio[m:, p] = np.nan
         # within its own noise counts as healthy (dating and hysteresis agree with detection)
         r = links.ratio[:m]
         self.link_ratio[:m, p] = np.where(np.isfinite(r) & ~links.beyond_noise[:m], 1.0, r)

@@ -221,6 +221,7 @@ class NodeScores:
     elevated: np.ndarray  # (n_hosts,) bool
     ratio: np.ndarray  # (n_hosts,) median compute ratio of its ranks vs cross-host peers
     rank_suspect: np.ndarray  # (n,) bool: the rank looks slow against cross-host peers
+    rank_ratio: np.ndarray | None = None  # (n,) compute / cross-host peers' (peer_ratio)
 
 
 def node_scores(
@@ -255,4 +256,4 @@ def node_scores(
     with np.errstate(divide="ignore", invalid="ignore"):
         suspect = (total > 0) & (bad >= 2) & (bad / total > majority)
         elevated = (total > 0) & (warm >= 2) & (warm / total > majority)
-    return NodeScores(suspect, elevated, med, np.nan_to_num(sus, nan=0).astype(bool) & has)
+    return NodeScores(suspect, elevated, med, np.nan_to_num(sus, nan=0).astype(bool) & has, ratio)

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from detectors.robust import loo_median, median_mad
+from detectors.robust import group_median, loo_median, median_mad
 
 
 def brute(x: np.ndarray) -> np.ndarray:
@@ -51,3 +51,26 @@ def test_median_mad() -> None:
     assert med == 2.5
     assert mad == pytest.approx(1.4826 * 1.0)
     assert all(np.isnan(median_mad(np.array([np.nan]))))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 6),  # groups
+    st.integers(1, 5),  # members per group when equal
+    st.booleans(),  # equal groups (the fast path) or ragged ones
+    st.integers(0, 2**32 - 1),
+)
+def test_group_median_matches_numpy_per_group(
+    groups: int, size: int, equal: bool, seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    g = np.repeat(np.arange(groups), size) if equal else rng.integers(-1, groups, groups * size)
+    rng.shuffle(g)
+    v = rng.integers(0, 4, g.size).astype(float)  # ties
+    if not equal:
+        v[rng.random(g.size) < 0.1] = np.nan  # missing values
+    got = group_median(v, g, groups + 1)
+    for k in range(groups + 1):
+        sel = (g == k) & np.isfinite(v)
+        want = np.median(v[sel]) if sel.any() else np.nan
+        np.testing.assert_array_equal(got[k], want)
