@@ -10,18 +10,19 @@ COPY service service
 COPY agents agents
 COPY detectors detectors
 COPY migrations migrations
-RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[postgres]'
+RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[postgres,fast]'
 
 FROM ${PYTHON_IMAGE}
 RUN useradd --system --uid 10001 --home-dir /var/lib/failslow --create-home failslow
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir --no-index --find-links /wheels 'failslow[postgres]' \
+RUN pip install --no-cache-dir --no-index --find-links /wheels 'failslow[postgres,fast]' \
     && rm -rf /wheels
 USER failslow
 WORKDIR /var/lib/failslow
 ENV FAILSLOW_HOST=0.0.0.0 \
     FAILSLOW_PORT=8000 \
     FAILSLOW_DATABASE_URL=sqlite:////var/lib/failslow/failslow.db \
+    NUMBA_CACHE_DIR=/var/lib/failslow/.numba \
     PYTHONUNBUFFERED=1
 EXPOSE 8000
 HEALTHCHECK --interval=15s --timeout=3s --start-period=20s --retries=3 \

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from detectors.robust import loo_median
+from detectors.robust import _loo_median_sorted, loo_median
 
 
 def collective_lateness(durations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -29,3 +29,27 @@ def collective_lateness(durations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     lateness = np.maximum(0.0, np.nan_to_num(others - d, nan=0.0))
     wait = d - np.nanmin(d, axis=1, keepdims=True)
     return lateness, wait
+
+
+def collective_stats(durations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The lateness of :func:`collective_lateness` and each row's shortest duration (the last
+    arriver's, about the pure transfer time): ``(lateness, shortest)``. Durations measured from
+    integer timestamps are always finite; then one sort per row gives both."""
+    d = np.asarray(durations, dtype=np.float64)
+    if d.ndim == 1:
+        d = d[None, :]
+    if d.shape[1] == 0 or not np.isfinite(d).all():
+        late, _ = collective_lateness(d)
+        return late, np.nanmin(d, axis=1) if d.shape[1] else np.full(d.shape[0], np.nan)
+    if d.shape[1] == 2:  # a pair (send/recv): the other's duration, no sort needed
+        late = d[:, ::-1] - d
+        np.maximum(late, 0.0, out=late)
+        return late, np.minimum(d[:, 0], d[:, 1])
+    s = np.sort(d, axis=1)
+    if d.shape[1] < 2:
+        late = np.zeros_like(d)
+    else:
+        late = _loo_median_sorted(d, s)
+        late -= d
+        np.maximum(late, 0.0, out=late)
+    return late, s[:, 0]

@@ -27,7 +27,6 @@ class Frame:
     end_ns: int
     step_time: np.ndarray  # (n,) step duration
     comm_time: np.ndarray  # (n,) time inside collectives and p2p
-    wait: np.ndarray  # (n,) time this rank waited for the last arriver of its collectives
     late: np.ndarray  # (n, len(KINDS)) time peers waited for this rank, per comm kind
     calls: np.ndarray  # (n, len(KINDS)) collectives this rank completed, per comm kind
     collectives: int  # collectives attributed to the frame

@@ -1,6 +1,6 @@
 """Per-step, per-rank signals ("frames") built from step records and completed collectives.
 
-Each completed collective contributes, for every member, its duration, its wait and its lateness
+Each completed collective contributes, for every member, its duration and its lateness
 to the frame (step) that contains the member's own start time — both taken on the member's clock
 — and, once per collective, its transfer time and effective bytes to its communicator's entry in
 that frame. A frame is closed when as many ranks reported it as reported the previous one (the
@@ -14,16 +14,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from detectors.lateness import collective_lateness
+from detectors.lateness import collective_stats
 from detectors.types import KINDS, Frame
 from service.ingest.validate import RecordError
 from service.ingest.wire import StepRecord
+from service.jobs import kernels
 from service.jobs.assembly import Outcome, ReadyBatch
 from service.jobs.topology import Topology
 
 NK = len(KINDS)
 NS = 1e-9
 NEVER = np.iinfo(np.int64).min
+CHUNK = 1 << 15  # contributions handled per pass (their temporaries fit in a core's L2 cache)
 
 
 def _grow(arr: np.ndarray, n: int, fill: float | int) -> np.ndarray:
@@ -40,7 +42,6 @@ class _FrameAcc:
     end_ns: int
     step_time: np.ndarray = field(default_factory=lambda: np.empty(0))
     comm: np.ndarray = field(default_factory=lambda: np.empty(0))
-    wait: np.ndarray = field(default_factory=lambda: np.empty(0))
     late: np.ndarray = field(default_factory=lambda: np.empty((0, NK)))
     calls: np.ndarray = field(default_factory=lambda: np.empty((0, NK)))
     starts: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # per slot, -1 = none
@@ -54,7 +55,6 @@ class _FrameAcc:
     def grow(self, n: int, n_comms: int = 0) -> None:
         self.step_time = _grow(self.step_time, n, np.nan)
         self.comm = _grow(self.comm, n, 0.0)
-        self.wait = _grow(self.wait, n, 0.0)
         self.late = _grow(self.late, n, 0.0)
         self.calls = _grow(self.calls, n, 0.0)
         self.starts = _grow(self.starts, n, -1)
@@ -62,6 +62,24 @@ class _FrameAcc:
         self.c_transfer = _grow(self.c_transfer, n_comms, 0.0)
         self.c_bytes = _grow(self.c_bytes, n_comms, 0.0)
         self.c_calls = _grow(self.c_calls, n_comms, 0.0)
+
+
+def _add_at(
+    out: np.ndarray, index: np.ndarray, weights: np.ndarray | None, lo: int, hi: int
+) -> None:
+    """``out[index] += weights`` (or ``+= 1``), repeated indices summed in index order, for
+    indices known to lie in ``[lo, hi)``: ``np.bincount`` over that span only, so that a chunk
+    touching a few thousand slots does not pay for the whole job. Indices past ``out`` are
+    ignored."""
+    if index.size == 0:
+        return
+    if hi > out.size:
+        keep = index < out.size
+        index, hi = index[keep], out.size
+        weights = None if weights is None else weights[keep]
+        if hi <= lo:
+            return
+    out[lo:hi] += np.bincount(index - lo, weights=weights, minlength=hi - lo)
 
 
 class _Queue:
@@ -87,7 +105,7 @@ class _Queue:
         return out
 
 
-MEMBER_FIELDS = ("slot", "start", "dur", "late", "wait", "kind")
+MEMBER_FIELDS = ("slot", "start", "dur", "late", "kind")
 COMM_FIELDS = ("slot", "start", "comm", "transfer", "ebytes")
 
 
@@ -102,12 +120,17 @@ class FrameBuilder:
         max_open_frames: int,
         ring: int = 16,
         max_queued: int = 4_000_000,
+        jit: bool | None = None,
     ) -> None:
+        """``jit``: use the compiled kernels (None: when numba is installed and
+        ``FAILSLOW_JIT`` is not 0)."""
         self.grace_ns = grace_ns
         self.time_frame_ns = time_frame_ns
         self.max_open_frames = max_open_frames
         self.ring = ring
         self.max_queued = max_queued
+        self.jit = kernels.enabled() if jit is None else (jit and kernels.AVAILABLE)
+        self._scratch: dict[str, np.ndarray] = {}
         self.cap = 0
         # The ring only remembers recent step records, to recognise re-sends.
         self.step_id = np.empty((0, ring), dtype=np.int64)
@@ -188,54 +211,156 @@ class FrameBuilder:
 
     def add_collectives(self, batches: list[ReadyBatch], topology: Topology) -> None:
         """Compute lateness for batches of completed collectives (one per member count) and
-        queue it."""
+        attribute it to frames.
+
+        Work goes in chunks of about ``CHUNK`` contributions, each attributed at once: the
+        temporaries stay in the CPU cache and nothing is queued that can already be placed. What
+        cannot be placed yet (its rank's step record has not come) is queued for
+        :meth:`attribute`.
+        """
         self.n_comms = max(self.n_comms, len(topology.comm_list))
         for b in batches:
             if len(b) == 0:
                 continue
-            slots = topology.member_slots(b.size, b.comm)
-            dur = (b.ends - b.starts) * NS
             self.last_progress_ns = max(self.last_progress_ns, int(b.ends.max()))
-            late, wait = collective_lateness(dur)
-            self.queue.append(
-                slot=slots.ravel(),
-                start=b.starts.ravel(),
-                dur=dur.ravel(),
-                late=late.ravel(),
-                wait=wait.ravel(),
-                kind=np.repeat(b.kind, b.size),
-            )
-            # Per collective: the last arriver's duration is (about) the pure transfer time.
-            self.cqueue.append(
-                slot=slots[:, 0],
-                start=b.starts[:, 0],
-                comm=b.comm,
-                transfer=dur.min(axis=1),
-                ebytes=b.ebytes,
-            )
             if self.first_record_ns is None:
                 self.first_record_ns = int(b.starts.min())
+            n_slots = topology.n_slots
+            rows = max(1, CHUNK // b.size)
+            if self.jit and self._compiled_ok(n_slots):
+                table = topology.slot_table(b.size)
+                for lo in range(0, len(b), rows):
+                    self._place_compiled(b, table, slice(lo, lo + rows), n_slots)
+                continue
+            all_slots = topology.member_slots(b.size, b.comm)
+            for lo in range(0, len(b), rows):
+                part = slice(lo, lo + rows)
+                slots, starts = all_slots[part], b.starts[part]
+                dur = b.ends[part] - starts
+                dur = dur * NS
+                late, fastest = collective_stats(dur)
+                self._place(
+                    self.queue,
+                    {
+                        "slot": slots.ravel(),
+                        "start": starts.ravel(),
+                        "dur": dur.ravel(),
+                        "late": late.ravel(),
+                        "kind": np.repeat(b.kind[part], b.size),
+                    },
+                    n_slots,
+                )
+                # Per collective: the last arriver's duration is (about) the pure transfer time.
+                self._place(
+                    self.cqueue,
+                    {
+                        "slot": slots[:, 0],
+                        "start": starts[:, 0],
+                        "comm": b.comm[part],
+                        "transfer": fastest,
+                        "ebytes": b.ebytes[part],
+                    },
+                    n_slots,
+                )
+
+    # -- the compiled path ---------------------------------------------------------------------
+    def _compiled_ok(self, n_slots: int) -> bool:
+        """The usual case the kernels handle: step frames, every rank sends step records."""
+        if self.time_mode or not self.has_steps:
+            return False
+        self.ensure(n_slots)
+        return bool((self.newest_end[:n_slots] != NEVER).all())
+
+    def _buffer(self, name: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
+        """A reused scratch array (chunks are at most ``CHUNK`` records): no fresh memory."""
+        size = shape[0] * (shape[1] if len(shape) > 1 else 1)
+        buf = self._scratch.get(name)
+        if buf is None or buf.size < size:
+            buf = self._scratch[name] = np.empty(max(size, CHUNK), dtype=dtype)
+        return buf[:size].reshape(shape)
+
+    def _place_compiled(
+        self, b: ReadyBatch, table: tuple[np.ndarray, np.ndarray], part: slice, n: int
+    ) -> None:
+        starts, ends = b.starts[part], b.ends[part]
+        kind, comm, ebytes = b.kind[part], b.comm[part], b.ebytes[part]
+        k, m = starts.shape
+        if m <= kernels.SMALL:
+            dur = self._buffer("dur", (k, m), np.float64)
+            late = self._buffer("late", (k, m), np.float64)
+            fastest = self._buffer("fastest", (k,), np.float64)
+            kernels.lateness_rows(starts, ends, dur, late, fastest)
+        else:  # long rows (a large data-parallel group): numpy's sort is faster
+            dur = (ends - starts) * NS
+            late, fastest = collective_stats(dur)
+        placed = self._buffer("placed", (k, m), np.bool_)
+        placed[:] = False
+        total = 0
+        for index in sorted(self.frames):
+            acc = self.frames[index]
+            acc.grow(n, self.n_comms)
+            got = kernels.place_rows(
+                table[0], table[1], starts, dur, late, kind, comm, fastest, ebytes,
+                acc.starts, acc.ends, placed,
+                acc.comm, acc.late.reshape(-1), acc.calls.reshape(-1),
+                acc.c_transfer, acc.c_bytes, acc.c_calls, NK,
+            )  # fmt: skip
+            acc.collectives += got
+            total += got
+            if total == k * m:
+                return
+        # Not placed: waiting for its rank's step record (queued), or its frame is gone.
+        slots = table[0][table[1][comm]]
+        rest = ~placed
+        waiting = rest & (starts >= self.newest_end[slots])
+        self.dropped_contributions += int(np.count_nonzero(rest)) - int(np.count_nonzero(waiting))
+        if waiting.any():
+            self._requeue(
+                self.queue,
+                {
+                    "slot": slots[waiting],
+                    "start": starts[waiting],
+                    "dur": dur[waiting],
+                    "late": late[waiting],
+                    "kind": np.broadcast_to(kind[:, None], (k, m))[waiting],
+                },
+            )
+        first = waiting[:, 0]
+        if first.any():
+            self._requeue(
+                self.cqueue,
+                {
+                    "slot": slots[first, 0],
+                    "start": starts[first, 0],
+                    "comm": comm[first],
+                    "transfer": fastest[first],
+                    "ebytes": ebytes[first],
+                },
+            )
 
     # -- attribution ---------------------------------------------------------------------------
     def attribute(self, n_slots: int) -> None:
         """Move queued contributions into their frames (those whose step is known)."""
-        for queue, accumulate in (
-            (self.queue, self._accumulate),
-            (self.cqueue, self._accumulate_comm),
-        ):
+        for queue in (self.queue, self.cqueue):
             taken = queue.take()
-            if taken is None:
-                continue
-            frame_ids, found, waiting = self._match(taken["slot"], taken["start"], n_slots)
-            n_found = int(found.sum())
-            if queue is self.queue:
-                self.dropped_contributions += found.size - n_found - int(waiting.sum())
-            if n_found == found.size:  # the usual case: no copies
-                accumulate(frame_ids, taken, n_slots)
-            elif n_found:
-                accumulate(frame_ids[found], {k: v[found] for k, v in taken.items()}, n_slots)
-            if waiting.any():
-                self._requeue(queue, {k: v[waiting] for k, v in taken.items()})
+            if taken is not None:
+                self._place(queue, taken, n_slots)
+
+    def _place(self, queue: _Queue, taken: dict[str, np.ndarray], n_slots: int) -> None:
+        """Accumulate contributions into their frames; queue those whose frame is not known
+        yet, count those whose frame is gone."""
+        frame_ids, found, waiting = self._match(taken["slot"], taken["start"], n_slots)
+        n_found = int(np.count_nonzero(found))
+        member = queue is self.queue
+        if member:
+            self.dropped_contributions += found.size - n_found - int(np.count_nonzero(waiting))
+        accumulate = self._accumulate if member else self._accumulate_comm
+        if n_found == found.size:  # the usual case: no copies
+            accumulate(frame_ids, taken, n_slots)
+        elif n_found:
+            accumulate(frame_ids[found], {k: v[found] for k, v in taken.items()}, n_slots)
+        if n_found < found.size and waiting.any():
+            self._requeue(queue, {k: v[waiting] for k, v in taken.items()})
 
     def _match(self, slot: np.ndarray, start: np.ndarray, n_slots: int) -> tuple[np.ndarray, ...]:
         """Frame of each contribution: ``(frame_ids, found, waiting)``.
@@ -255,17 +380,20 @@ class FrameBuilder:
         own = newest_own != NEVER
         all_own = bool(own.all())  # the usual case: every rank sends step records
         frame_ids = np.full(slot.size, -1, dtype=np.int64)
+        first = True
         for index in sorted(self.frames):
             acc = self.frames[index]
             acc.grow(n_slots, self.n_comms)
-            # per slot (small): a slot without this step's record matches nothing
-            end = np.where(acc.starts >= 0, acc.ends, NEVER)
+            # A slot without this step's record has start = end = -1 there: starts are >= 0
+            # (validated), so nothing of it matches.
             hit = start >= acc.starts[slot]
-            hit &= start < end[slot]
+            hit &= start < acc.ends[slot]
             if not all_own:
                 hit &= own
                 hit |= ~own & (start >= acc.start_ns) & (start < acc.end_ns)
-            hit &= frame_ids < 0
+            if not first:
+                hit &= frame_ids < 0
+            first = False
             frame_ids[hit] = index
         found = frame_ids >= 0
         if all_own:
@@ -291,39 +419,46 @@ class FrameBuilder:
             acc.grow(n_slots, self.n_comms)
         return acc
 
+    def _frame_groups(self, frame_ids: np.ndarray) -> list[tuple[int, np.ndarray | None]]:
+        """``(frame id, selection)`` for each frame present; selection None: all of them."""
+        lo, hi = int(frame_ids.min()), int(frame_ids.max())
+        if lo == hi:  # the usual case: one frame
+            return [(lo, None)]
+        return [(int(fid), frame_ids == fid) for fid in np.unique(frame_ids)]
+
     def _accumulate(self, frame_ids: np.ndarray, c: dict[str, np.ndarray], n_slots: int) -> None:
-        ids = np.unique(frame_ids)
-        for fid in ids:
-            acc = self._frame(int(fid), n_slots)
-            sel = None if ids.size == 1 else frame_ids == fid
+        for fid, sel in self._frame_groups(frame_ids):
+            acc = self._frame(fid, n_slots)
             if acc is None:
                 self.dropped_contributions += frame_ids.size if sel is None else int(sel.sum())
                 continue
-            s, k, dur, wait, late = (
+            s, k, dur, late = (
                 (c[name] if sel is None else c[name][sel])
-                for name in ("slot", "kind", "dur", "wait", "late")
+                for name in ("slot", "kind", "dur", "late")
             )
-            n = acc.comm.size
-            acc.comm += np.bincount(s, weights=dur, minlength=n)[:n]
-            acc.wait += np.bincount(s, weights=wait, minlength=n)[:n]
-            flat = s * NK + k
-            acc.late += np.bincount(flat, weights=late, minlength=n * NK)[: n * NK].reshape(n, NK)
-            acc.calls += np.bincount(flat, minlength=n * NK)[: n * NK].reshape(n, NK)
+            lo, hi = int(s.min()), int(s.max()) + 1
+            _add_at(acc.comm, s, dur, lo, hi)
+            flat = s * NK
+            flat += k
+            _add_at(acc.late.reshape(-1), flat, late, lo * NK, hi * NK)
+            _add_at(acc.calls.reshape(-1), flat, None, lo * NK, hi * NK)
             acc.collectives += s.size
 
     def _accumulate_comm(
         self, frame_ids: np.ndarray, c: dict[str, np.ndarray], n_slots: int
     ) -> None:
-        for fid in np.unique(frame_ids):
-            sel = frame_ids == fid
-            acc = self._frame(int(fid), n_slots)
+        for fid, sel in self._frame_groups(frame_ids):
+            acc = self._frame(fid, n_slots)
             if acc is None:
                 continue
-            m = c["comm"][sel]
-            n = acc.c_calls.size
-            acc.c_transfer += np.bincount(m, weights=c["transfer"][sel], minlength=n)[:n]
-            acc.c_bytes += np.bincount(m, weights=c["ebytes"][sel], minlength=n)[:n]
-            acc.c_calls += np.bincount(m, minlength=n)[:n]
+            m, transfer, ebytes = (
+                (c[name] if sel is None else c[name][sel])
+                for name in ("comm", "transfer", "ebytes")
+            )
+            lo, hi = int(m.min()), int(m.max()) + 1
+            _add_at(acc.c_transfer, m, transfer, lo, hi)
+            _add_at(acc.c_bytes, m, ebytes, lo, hi)
+            _add_at(acc.c_calls, m, None, lo, hi)
 
     # -- closing -------------------------------------------------------------------------------
     def advance(
@@ -375,7 +510,6 @@ class FrameBuilder:
             end_ns=acc.end_ns,
             step_time=acc.step_time,
             comm_time=acc.comm,
-            wait=acc.wait,
             late=acc.late,
             calls=acc.calls,
             collectives=acc.collectives,

@@ -149,6 +149,12 @@ class Topology:
     # -- views -------------------------------------------------------------------------------
     def member_slots(self, size: int, comm_index: np.ndarray) -> np.ndarray:
         """(k, size) member slots of the comms ``comm_index`` (all of member count ``size``)."""
+        matrix, row_of = self.slot_table(size)
+        return matrix[row_of[comm_index]]
+
+    def slot_table(self, size: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(matrix, row_of)``: member slots of every comm of member count ``size`` (one row
+        each, in comm order) and, per comm index, its row (-1 for other sizes)."""
         if self._slot_tables_version != len(self.comm_list):
             self._slot_tables.clear()
             self._slot_tables_version = len(self.comm_list)
@@ -159,8 +165,7 @@ class Topology:
             row_of[[c.index for c in rows]] = np.arange(len(rows))
             matrix = np.stack([c.slots for c in rows]) if rows else np.zeros((0, size), np.int64)
             table = self._slot_tables[size] = (matrix, row_of)
-        matrix, row_of = table
-        return matrix[row_of[comm_index]]
+        return table
 
     def rank_hosts(self) -> list[str | None]:
         return [self.ranks[r].host for r in self.slot_rank]

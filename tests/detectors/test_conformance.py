@@ -101,9 +101,7 @@ def frame(compute: np.ndarray, shape: JobShape) -> Frame:
             others = np.array([np.median(np.delete(c, i)) for i in range(c.size)])
             late[g, kind] = np.maximum(0, c - others)
             calls[g, kind] = 4
-    return Frame(
-        0, True, 0, int(step * 1e9), np.full(n, step), comm, np.zeros(n), late, calls, 8 * n
-    )
+    return Frame(0, True, 0, int(step * 1e9), np.full(n, step), comm, late, calls, 8 * n)
 
 
 def permuted(shape: JobShape, fr: Frame, perm: np.ndarray) -> tuple[JobShape, Frame]:
@@ -126,7 +124,6 @@ def permuted(shape: JobShape, fr: Frame, perm: np.ndarray) -> tuple[JobShape, Fr
         fr.end_ns,
         fr.step_time[perm],
         fr.comm_time[perm],
-        fr.wait[perm],
         fr.late[perm],
         fr.calls[perm],
         fr.collectives,
