@@ -6,6 +6,10 @@ GPU. What is timed is exactly what a detection pass does after ingest: lateness 
 collective, attribution to frames, closing the frame, and every detector (peer lateness, node,
 link, job), per step. Building the records (ingest's job) is not timed. Also reported: memory held
 per rank.
+
+Steps are timed in steady state, once every detector's history is full (the link detector keeps
+200 frames per communicator): runs of a few steps miss the cost of the full windows. With numba
+installed the frame builder uses its compiled kernels (``FAILSLOW_JIT=0``: the numpy path).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import statistics
 import sys
 import time
 import tracemalloc
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -29,10 +34,12 @@ from service.detection.shape import job_shape  # noqa: E402
 from service.ingest.validate import CommAnnouncement, RankAnnouncement  # noqa: E402
 from service.ingest.wire import StepRecord  # noqa: E402
 from service.jobs.assembly import ReadyBatch  # noqa: E402
+from service.jobs.frames import FrameBuilder  # noqa: E402
 from service.jobs.state import JobState  # noqa: E402
 from service.settings import StateSettings  # noqa: E402
 
 TP, PP, GPUS = 8, 4, 8
+STEADY = 210  # frames before every detector history is full
 NS = 1_000_000_000
 
 
@@ -60,41 +67,60 @@ def build(n: int) -> tuple[JobState, dict[str, list[int]]]:
     return state, groups
 
 
-def one_step(
-    state: JobState, groups: dict[str, list[int]], step: int, rng: np.random.Generator, slow: int
-) -> list[ReadyBatch]:
-    """Completed collectives of one step (1 s), as the assembler hands them over (columns)."""
+@dataclass
+class Layout:
+    """The collectives of one step, by member count, fixed across steps (columns)."""
+
+    size: int
+    comm: np.ndarray  # (rows,)
+    kind: np.ndarray  # (rows,)
+    offset: np.ndarray  # (rows,) start within the step, ns
+    extra: np.ndarray  # (rows, size) the slow GPU's lateness, ns
+
+
+def layouts(state: JobState, groups: dict[str, list[int]], slow: int) -> list[Layout]:
+    """Per tensor-parallel group 16 all-reduces, per pipeline pair 8 send/recv, per
+    data-parallel group one all-reduce; the slow GPU arrives 10 ms late at each TP all-reduce,
+    and at the step's data-parallel all-reduce with all of it (16 x 10 ms)."""
     topo = state.topology
-    t0 = step * NS
-    by_size: dict[int, list[tuple[int, int, np.ndarray, int]]] = {}
+    rows: dict[int, list[tuple[int, int, int, np.ndarray]]] = {}
     for name, ranks in groups.items():
         comm = topo.comms[name]
         kind = name.split("-")[0]
         calls = 16 if kind == "tp" else (8 if kind == "pp" else 1)
         n = len(ranks)
+        extra = np.zeros(n, dtype=np.int64)
+        if slow in comm.position and kind != "pp":
+            extra[comm.position[slow]] = 10_000_000 if kind == "tp" else 160_000_000
         for k in range(calls):
-            base = t0 + int((k + 1) * NS * 0.9 / (calls + 1))
-            arrive = base + rng.integers(0, 200_000, n)
-            if slow in comm.position and kind != "pp":
-                # the slow GPU arrives 10 ms late at each TP all-reduce, and at the step's
-                # data-parallel all-reduce with all of it (16 x 10 ms)
-                arrive[comm.position[slow]] += 10_000_000 if kind == "tp" else 160_000_000
-            end = int(arrive.max()) + 100_000
-            by_size.setdefault(n, []).append(
-                (comm.index, P2P if kind == "pp" else KIND_INDEX[kind], arrive, end)
-            )
+            offset = int((k + 1) * NS * 0.9 / (calls + 1))
+            kind_col = P2P if kind == "pp" else KIND_INDEX[kind]
+            rows.setdefault(n, []).append((comm.index, kind_col, offset, extra))
+    return [
+        Layout(
+            n,
+            np.array([r[0] for r in rs], dtype=np.int64),
+            np.array([r[1] for r in rs], dtype=np.int64),
+            np.array([r[2] for r in rs], dtype=np.int64),
+            np.stack([r[3] for r in rs]),
+        )
+        for n, rs in rows.items()
+    ]
+
+
+def one_step(layout: list[Layout], step: int, rng: np.random.Generator) -> list[ReadyBatch]:
+    """Completed collectives of one step (1 s), as the assembler hands them over (columns):
+    members arrive up to 0.2 ms apart, the collective ends 0.1 ms after the last one."""
+    t0 = step * NS
     batches = []
-    for n, rows in by_size.items():
-        starts = np.stack([a for _, _, a, _ in rows])
-        ends = np.repeat(np.array([e for *_, e in rows], dtype=np.int64)[:, None], n, axis=1)
+    for lay in layout:
+        starts = rng.integers(0, 200_000, (lay.offset.size, lay.size))
+        starts += lay.extra
+        starts += (lay.offset + t0)[:, None]
+        ends = np.repeat(starts.max(axis=1, keepdims=True) + 100_000, lay.size, axis=1)
         batches.append(
             ReadyBatch(
-                n,
-                np.array([c for c, *_ in rows]),
-                np.array([k for _, k, _, _ in rows]),
-                np.full(len(rows), float(1 << 24)),
-                starts,
-                ends,
+                lay.size, lay.comm, lay.kind, np.full(lay.comm.size, float(1 << 24)), starts, ends
             )
         )
     return batches
@@ -114,9 +140,13 @@ def measure(n: int, steps: int) -> dict[str, float]:
     shape = job_shape(state.topology)
     pipe = JobPipeline()
     slow = n // 3
+    layout = layouts(state, groups, slow)
     frames_s, detect_s = [], []
+    started = time.monotonic()
     for step in range(steps):
-        completed = one_step(state, groups, step, rng, slow)  # ingest's work, not timed
+        if step % 20 == 0:
+            print(f"  step {step}/{steps} ({time.monotonic() - started:.0f} s)", file=sys.stderr)
+        completed = one_step(layout, step, rng)  # ingest's work, not timed
         add_steps(state, step)  # ingest's work, not timed
         gc.collect()
         t = time.process_time()
@@ -128,21 +158,21 @@ def measure(n: int, steps: int) -> dict[str, float]:
         t2 = time.process_time()
         frames_s.append(t1 - t)
         detect_s.append(t2 - t1)
-    tail = slice(max(6, steps // 2), None)  # after warm-up
+    # steady state: after the longest history a detector keeps (the link detector's 200-frame
+    # noise ring) has filled; shorter runs time their second half
+    tail = slice(STEADY if steps >= STEADY + 10 else steps // 2, None)
     found = [k for k in pipe.opened if k[0] == "slow_gpu"]
+    total = [a + b for a, b in zip(frames_s[tail], detect_s[tail], strict=True)]
     return {
         "ranks": n,
+        "timed_steps": len(frames_s[tail]),
         "collectives_per_step": sum(len(b) for b in completed),
         "records_per_step": sum(len(b) * b.size for b in completed),
         "frames_ms_per_step": round(1e3 * statistics.median(frames_s[tail]), 1),
         "detectors_ms_per_step": round(1e3 * statistics.median(detect_s[tail]), 1),
-        "total_ms_per_step": round(
-            1e3
-            * statistics.median(
-                [a + b for a, b in zip(frames_s[tail], detect_s[tail], strict=True)]
-            ),
-            1,
-        ),
+        "total_ms_per_step": round(1e3 * statistics.median(total), 1),
+        "total_ms_mean": round(1e3 * statistics.fmean(total), 1),
+        "total_ms_max": round(1e3 * max(total), 1),
         "found_the_slow_gpu": found == [("slow_gpu", f"slot:{state.topology.ranks[slow].slot}")],
     }
 
@@ -154,8 +184,9 @@ def memory_per_rank(n: int) -> float:
     pipe = JobPipeline()
     shape = job_shape(state.topology)
     rng = np.random.default_rng(1)
+    layout = layouts(state, groups, -1)
     for step in range(8):
-        state.frames.add_collectives(one_step(state, groups, step, rng, -1), state.topology)
+        state.frames.add_collectives(one_step(layout, step, rng), state.topology)
         add_steps(state, step)
         for frame in state.frames.advance((step + 1) * NS + 1, n, world=n):
             pipe.process(frame, shape)
@@ -167,7 +198,9 @@ def memory_per_rank(n: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--sizes", default="1024,10240,102400")
-    ap.add_argument("--steps", type=int, default=14)
+    ap.add_argument(
+        "--steps", type=int, default=240, help="steps per size; those after the first 210 are timed"
+    )
     args = ap.parse_args()
     results = []
     for n in (int(x) for x in args.sizes.split(",")):
@@ -176,7 +209,14 @@ def main() -> None:
         r["detector_state_bytes_per_rank"] = memory_per_rank(min(n, 10240))
         results.append(r)
         print(r, file=sys.stderr, flush=True)
-    save("detection_scale", {"layout": f"TP={TP} x PP={PP} x DP=N/{TP * PP}", "results": results})
+    save(
+        "detection_scale",
+        {
+            "layout": f"TP={TP} x PP={PP} x DP=N/{TP * PP}",
+            "compiled_frames": FrameBuilder(grace_ns=1, time_frame_ns=1, max_open_frames=1).jit,
+            "results": results,
+        },
+    )
 
 
 if __name__ == "__main__":
