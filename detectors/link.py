@@ -77,6 +77,7 @@ class LinkDetector:
         self._log_n = 0
         self._count = np.zeros(0, dtype=np.int64)  # finite entries of each comm's window
         self._med = np.zeros(0)  # median log busbw of each comm's window (NaN: not yet)
+        self._count_at = np.zeros(0, dtype=np.int64)  # its window's size when computed
         self._spread = np.zeros(0)  # its robust spread
         self._baseline: np.ndarray | None = None  # baseline() of the blocks so far
 
@@ -86,16 +87,20 @@ class LinkDetector:
 
         The median and spread of each comm's window are kept, not recomputed every frame: a
         comm's are computed when it first has ``min_noise_frames`` frames, then refreshed every
-        ``refresh_frames`` frames (a 1/``refresh_frames`` share of the comms per frame), so
-        they lag its window by less than a tenth of it — and a frame costs O(comms), not
-        O(comms x window), which at 100K ranks was most of the detection time."""
+        ``refresh_frames`` frames (a 1/``refresh_frames`` share of the comms per frame) and
+        whenever its window grew by a tenth since (while it fills), so they never lag its
+        window by more than a tenth of it — and a frame costs O(comms), not O(comms x
+        window), which at 100K ranks was most of the detection time."""
         n = busbw.size
         if self._log.shape[0] < n:
             self._grow_log(n, parent)
         with np.errstate(divide="ignore", invalid="ignore"):
             x = np.log(np.where(busbw > 0, busbw, np.nan))
         count = self._count[:n]
-        new = np.flatnonzero((count >= self.min_noise_frames) & np.isnan(self._med[:n]))
+        new = np.flatnonzero(
+            (count >= self.min_noise_frames)
+            & (np.isnan(self._med[:n]) | (10 * count >= 11 * self._count_at[:n]))
+        )
         due = np.arange((-self._log_n) % self.refresh_frames, n, self.refresh_frames)
         due = due[count[due] >= self.min_noise_frames]
         if new.size:
@@ -126,6 +131,7 @@ class LinkDetector:
         self._log = grown
         self._count = np.isfinite(grown).sum(axis=1)
         self._med = np.concatenate([self._med, np.full(n - old, np.nan)])
+        self._count_at = np.concatenate([self._count_at, np.zeros(n - old, dtype=np.int64)])
         self._spread = np.concatenate([self._spread, np.full(n - old, np.nan)])
 
     def _refresh(self, cols: np.ndarray) -> None:
@@ -141,6 +147,7 @@ class LinkDetector:
         dev = np.sort(np.abs(hist - med.astype(hist.dtype)[:, None]), axis=1)
         mad = np.where(ok, 0.5 * (dev[at, lo].astype(np.float64) + dev[at, hi]), np.nan)
         self._med[cols] = med
+        self._count_at[cols] = c
         self._spread[cols] = np.maximum(1.4826 * mad, self.min_log_spread)
 
     def baseline(self, n_comms: int) -> np.ndarray:

@@ -1,0 +1,62 @@
+"""The link detector's per-communicator noise gate (median/MAD of its own log bandwidth)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from detectors.link import LinkDetector
+
+
+def reference_z(frames: np.ndarray, det: LinkDetector) -> np.ndarray:
+    """The gate written plainly: per comm, median and scaled MAD of its window (the last
+    ``noise_frames`` values, outliers not stored), computed when it first has
+    ``min_noise_frames`` values and refreshed whenever ``(comm + frame) % refresh_frames == 0``
+    or its window has grown by a tenth since."""
+    n_frames, n = frames.shape
+    window: list[list[float]] = [[] for _ in range(n)]
+    med = np.full(n, np.nan)
+    spread = np.full(n, np.nan)
+    size_at = np.zeros(n)
+    out = np.full((n_frames, n), np.nan)
+    for t in range(n_frames):
+        x = np.log(frames[t])
+        for c in range(n):
+            vals = np.array(window[c][-det.noise_frames :], dtype=np.float32).astype(np.float64)
+            vals = vals[np.isfinite(vals)]
+            if vals.size < det.min_noise_frames:
+                continue
+            grown = 10 * vals.size >= 11 * size_at[c]
+            if np.isnan(med[c]) or (c + t) % det.refresh_frames == 0 or grown:
+                size_at[c] = vals.size
+                med[c] = np.median(vals)
+                mad = np.median(np.abs(vals - med[c]))
+                spread[c] = max(1.4826 * mad, det.min_log_spread)
+            out[t, c] = (med[c] - x[c]) / spread[c]
+            if out[t, c] >= det.z:
+                window[c].append(np.nan)  # an outlier is not learnt
+                continue
+        for c in range(n):
+            if not (np.isfinite(out[t, c]) and out[t, c] >= det.z):
+                window[c].append(float(np.float32(x[c])))
+    return out
+
+
+def test_noise_gate_matches_its_plain_definition() -> None:
+    rng = np.random.default_rng(3)
+    n, n_frames = 7, 330
+    # per comm its own level and noise; comm 2 drops 40% for good at frame 150, comm 5 has a
+    # few one-frame dips
+    level = rng.uniform(1e9, 5e9, n)
+    frames = level * np.exp(rng.normal(0, rng.uniform(0.01, 0.2, n), (n_frames, n)))
+    frames[150:, 2] *= 0.6
+    frames[[60, 61, 200], 5] *= 0.3
+    det = LinkDetector()
+    got = np.array([det._noise_z(frames[t], np.full(n, -1)) for t in range(n_frames)])
+    want = reference_z(frames, det)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    ok = np.isfinite(want)
+    np.testing.assert_allclose(got[ok], want[ok], rtol=1e-4, atol=1e-4)
+    # not judged before min_noise_frames values; the lasting drop stays beyond the noise
+    assert np.isnan(got[: det.min_noise_frames]).all()
+    assert (got[150:, 2] >= det.z).all()
+    assert (got[[60, 61, 200], 5] >= det.z).all()
