@@ -456,16 +456,20 @@ class Instrumentation:
     def ddp_hook(
         self, name: str = "dp", kind: str = "dp", group: Any = None
     ) -> Callable[[Any, Any], torch.futures.Future[torch.Tensor]]:
-        """A DDP comm hook doing what DDP's default does (divide by the group size, all-reduce
-        the bucket) and timing each bucket's all-reduce. Use it as
-        ``ddp.register_comm_hook(None, instrumentation.ddp_hook())``."""
+        """A DDP comm hook doing what DDP's default does (scale the bucket by 1 / group size,
+        all-reduce it) and timing each bucket's all-reduce. Use it as
+        ``ddp.register_comm_hook(None, instrumentation.ddp_hook())``.
+
+        DDP's reducer multiplies by the reciprocal (``at::mul(grad, 1.0 / div_factor)``);
+        dividing instead, as PyTorch's own ``allreduce_hook`` does, rounds differently when the
+        group size is not a power of two, and training would no longer be bit-identical."""
         self.recorder.register_comm(name, kind, _ranks(group))  # its own id: DDP's buckets only
         all_reduce = self._originals.get("all_reduce", dist.all_reduce)
         size = dist.get_world_size(group)
 
         def hook(_state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:  # noqa: D401
             tensor = bucket.buffer()
-            tensor.div_(size)
+            tensor.mul_(1.0 / size)
             seq = self._next(name)
             nbytes = _nbytes(tensor)
             start = self.clock()

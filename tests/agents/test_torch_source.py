@@ -20,11 +20,11 @@ from agents import wire  # noqa: E402
 WORLD = 2
 
 
-def _init(rank: int, port: int) -> None:
+def _init(rank: int, port: int, world: int = WORLD) -> None:
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
 
 
 def _train(steps: int, instrument: Any | None) -> list[float]:
@@ -170,3 +170,46 @@ def test_two_gloo_ranks_record_everything_and_train_identically(tmp_path: Path) 
     assert send_seqs == recv_seqs == [0, 1, 2]  # 0->1 twice (0, 2), 1->0 once (1)
     steps = [m for m in items if m[0] == "s"]
     assert len(steps) == 2 * 6
+
+
+def _worker_losses(rank: int, port: int, world: int, spool: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from agents.sdk import Recorder
+    from agents.torch import Instrumentation
+
+    _init(rank, port, world)
+    plain = _train(8, None)
+    rec = Recorder("torch-job", spool_dir=spool, flush_interval_s=0.5)
+    inst = Instrumentation(rec).install()
+    instrumented = _train(8, inst)
+    inst.uninstall()
+    rec.close()
+    torch.save({"plain": plain, "instrumented": instrumented}, out)
+    dist.destroy_process_group()
+
+
+@pytest.mark.e2e
+def test_three_ranks_train_bit_identically(tmp_path: Path) -> None:
+    """A data-parallel group of 3: scaling by 1/3 and dividing by 3 round differently (PyTorch's
+    own allreduce_hook divides, and its losses differ from plain DDP's in the 7th digit)."""
+    from tests.live import free_port
+
+    port, world = free_port(), 3
+    ctx = mp.get_context("spawn")
+    procs = [
+        ctx.Process(
+            target=_worker_losses,
+            args=(r, port, world, str(tmp_path / "spool"), str(tmp_path / f"out{r}.pt")),
+        )
+        for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=180)
+        assert p.exitcode == 0
+    for r in range(world):
+        res = torch.load(tmp_path / f"out{r}.pt")
+        assert len(res["plain"]) == 8
+        assert res["plain"] == res["instrumented"]
