@@ -22,7 +22,6 @@ communicator is not judged. The median and spread are refreshed every ``refresh_
 
 from __future__ import annotations
 
-import warnings
 from collections import deque
 from dataclasses import dataclass
 
@@ -156,14 +155,15 @@ class LinkDetector:
             return np.full(n_comms, np.nan)
         if self._baseline is not None and self._baseline.size == n_comms:
             return self._baseline  # it only changes when a block is added (every ``block``)
-        stacked = np.full((len(self._blocks), n_comms), np.nan)
-        for i, b in enumerate(self._blocks):
-            stacked[i, : min(b.size, n_comms)] = b[:n_comms]
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # comms never seen: all-NaN columns
-            self._baseline = np.where(
-                np.isfinite(stacked).any(axis=0), np.nanmax(stacked, axis=0), np.nan
-            )
+        # the largest value of each column over the blocks, NaN where none is finite (one pass
+        # per block: no (blocks x comms) array)
+        top = np.full(n_comms, np.nan)
+        seen = np.zeros(n_comms, dtype=bool)
+        for b in self._blocks:
+            k = min(b.size, n_comms)
+            np.fmax(top[:k], b[:k], out=top[:k])
+            seen[:k] |= np.isfinite(b[:k])
+        self._baseline = np.where(seen, top, np.nan)
         return self._baseline
 
     def learn(self, busbw: np.ndarray) -> None:
@@ -173,10 +173,7 @@ class LinkDetector:
             m = np.full((len(self._current), n), np.nan)
             for i, a in enumerate(self._current):
                 m[i, : a.size] = a
-
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                self._blocks.append(np.nanmedian(m, axis=0))
+            self._blocks.append(_nanmedian_columns(m))
             self._current = []
             self._baseline = None
 
@@ -292,3 +289,13 @@ class LinkDetector:
             subject = "link:" + ",".join(f"{a}|{b}" for a, b in names)
             suspects[subject] = (hosts, slowdown(bad & crossing), names)
         return host_frac, suspects
+
+
+def _nanmedian_columns(m: np.ndarray) -> np.ndarray:
+    """``np.nanmedian(m, axis=0)`` (NaN for all-NaN columns, no warning), from one sort."""
+    s = np.sort(m, axis=0)  # NaNs last
+    c = np.count_nonzero(~np.isnan(m), axis=0)
+    at = np.arange(m.shape[1])
+    lo, hi = np.maximum(c - 1, 0) // 2, c // 2
+    with np.errstate(invalid="ignore"):
+        return np.where(c > 0, 0.5 * (s[lo, at] + s[np.minimum(hi, m.shape[0] - 1), at]), np.nan)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from detectors.link import LinkDetector
@@ -60,3 +62,37 @@ def test_noise_gate_matches_its_plain_definition() -> None:
     assert np.isnan(got[: det.min_noise_frames]).all()
     assert (got[150:, 2] >= det.z).all()
     assert (got[[60, 61, 200], 5] >= det.z).all()
+
+
+def test_block_medians_and_baseline_equal_numpy() -> None:
+    """The blocks (per-comm medians of 10 frames) and the baseline (their maximum, NaN where no
+    block has a finite value) are numpy's nanmedian and nanmax, NaN and inf included."""
+    rng = np.random.default_rng(5)
+    det = LinkDetector(block=10, history_blocks=5)
+    frames = []
+    for t in range(80):
+        n = 6 + t // 20  # comms appear over time
+        x = rng.integers(1, 6, n) * 1e9
+        x[rng.random(n) < 0.3] = np.nan
+        if t % 9 == 0:
+            x[rng.integers(0, n)] = np.inf
+        frames.append(x)
+        det.learn(x)
+    blocks = []
+    for b in range(8):
+        chunk = frames[10 * b : 10 * b + 10]
+        m = np.full((10, max(a.size for a in chunk)), np.nan)
+        for i, a in enumerate(chunk):
+            m[i, : a.size] = a
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            blocks.append(np.nanmedian(m, axis=0))
+    for got, want in zip(det._blocks, blocks[-5:], strict=True):
+        np.testing.assert_array_equal(got, want)
+    stacked = np.full((5, 10), np.nan)
+    for i, b in enumerate(blocks[-5:]):
+        stacked[i, : b.size] = b
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        want = np.where(np.isfinite(stacked).any(axis=0), np.nanmax(stacked, axis=0), np.nan)
+    np.testing.assert_array_equal(det.baseline(10), want)
