@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from detectors.busbw import bus_bandwidth
+from detectors.robust import nanmedian_rows
 from detectors.types import Frame, JobShape
 
 
@@ -138,13 +139,8 @@ class LinkDetector:
         bandwidth windows of ``cols``: one sort per column, missing values last."""
         hist = self._log[cols]
         c = self._count[cols]
-        ok = c > 0
-        lo, hi = np.maximum(c - 1, 0) // 2, c // 2
-        at = np.arange(cols.size)
-        s = np.sort(hist, axis=1)
-        med = np.where(ok, 0.5 * (s[at, lo].astype(np.float64) + s[at, hi]), np.nan)
-        dev = np.sort(np.abs(hist - med.astype(hist.dtype)[:, None]), axis=1)
-        mad = np.where(ok, 0.5 * (dev[at, lo].astype(np.float64) + dev[at, hi]), np.nan)
+        med = nanmedian_rows(hist, c)
+        mad = nanmedian_rows(np.abs(hist - med.astype(hist.dtype)[:, None]), c)
         self._med[cols] = med
         self._count_at[cols] = c
         self._spread[cols] = np.maximum(1.4826 * mad, self.min_log_spread)
@@ -173,7 +169,7 @@ class LinkDetector:
             m = np.full((len(self._current), n), np.nan)
             for i, a in enumerate(self._current):
                 m[i, : a.size] = a
-            self._blocks.append(_nanmedian_columns(m))
+            self._blocks.append(nanmedian_rows(m.T))
             self._current = []
             self._baseline = None
 
@@ -289,13 +285,3 @@ class LinkDetector:
             subject = "link:" + ",".join(f"{a}|{b}" for a, b in names)
             suspects[subject] = (hosts, slowdown(bad & crossing), names)
         return host_frac, suspects
-
-
-def _nanmedian_columns(m: np.ndarray) -> np.ndarray:
-    """``np.nanmedian(m, axis=0)`` (NaN for all-NaN columns, no warning), from one sort."""
-    s = np.sort(m, axis=0)  # NaNs last
-    c = np.count_nonzero(~np.isnan(m), axis=0)
-    at = np.arange(m.shape[1])
-    lo, hi = np.maximum(c - 1, 0) // 2, c // 2
-    with np.errstate(invalid="ignore"):
-        return np.where(c > 0, 0.5 * (s[lo, at] + s[np.minimum(hi, m.shape[0] - 1), at]), np.nan)

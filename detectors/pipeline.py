@@ -29,7 +29,6 @@ from detectors.straggler import (
     NodeScores,
     PeerLatenessDetector,
     node_scores,
-    peer_ratio,
 )
 from detectors.types import Frame, JobShape
 
@@ -293,12 +292,7 @@ class JobPipeline:
             arr[n:, p] = np.nan
             arr[:n, p] = values
         self.cross[n:, p] = np.nan
-        if nodes.rank_ratio is not None:  # node_scores' peer_ratio of the same compute times
-            self.cross[:n, p] = nodes.rank_ratio
-        elif self.shape is not None:
-            self.cross[:n, p] = peer_ratio(s.compute, self.shape.cross_groups)
-        else:
-            self.cross[:n, p] = np.nan
+        self.cross[:n, p] = nodes.rank_ratio
         m = min(n_comms, links.ratio.size)
         self.link_ratio[m:, p] = np.nan
         # within its own noise counts as healthy (dating and hysteresis agree with detection)

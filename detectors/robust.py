@@ -23,15 +23,14 @@ def loo_median(values: np.ndarray) -> np.ndarray:
     x = np.asarray(values, dtype=np.float64)
     if x.ndim != 2:
         raise ValueError("loo_median expects a 2-D array")
-    rows, m = x.shape
+    m = x.shape[1]
     if m == 0:
         return x.copy()
     valid = np.isfinite(x)
-    all_valid = bool(valid.all())
-    if all_valid:
+    if valid.all():
         return _loo_median_sorted(x, np.sort(x, axis=1))
     s = np.sort(np.where(valid, x, np.nan), axis=1)  # NaNs last
-    k = np.full((rows, 1), m) if all_valid else valid.sum(axis=1, keepdims=True)
+    k = valid.sum(axis=1, keepdims=True)
     lo = np.clip((k - 2) // 2, 0, m - 1)
     hi = np.clip((k - 1) // 2, 0, m - 1)
     lo1 = np.minimum(lo + 1, m - 1)
@@ -57,6 +56,22 @@ def _loo_median_sorted(x: np.ndarray, s: np.ndarray) -> np.ndarray:
     out += np.where(x >= s[:, hi + 1 : hi + 2], s[:, hi : hi + 1], s[:, hi + 1 : hi + 2])
     out *= 0.5
     return out
+
+
+def nanmedian_rows(x: np.ndarray, count: np.ndarray | None = None) -> np.ndarray:
+    """``np.nanmedian(x, axis=1)`` from one sort per row (NaNs sort last), in float64 whatever
+    ``x``'s float type; NaN for rows without values, no warning. ``count``: the non-NaN values
+    of each row, when the caller already keeps them."""
+    rows, m = x.shape
+    if m == 0:
+        return np.full(rows, np.nan)
+    c = np.count_nonzero(~np.isnan(x), axis=1) if count is None else count
+    s = np.sort(x, axis=1)
+    at = np.arange(rows)
+    lo, hi = np.maximum(c - 1, 0) // 2, c // 2
+    with np.errstate(invalid="ignore"):
+        mid = s[at, lo].astype(np.float64) + s[at, np.minimum(hi, m - 1)]
+        return np.where(c > 0, 0.5 * mid, np.nan)
 
 
 def median_mad(values: np.ndarray) -> tuple[float, float]:

@@ -221,7 +221,7 @@ class NodeScores:
     elevated: np.ndarray  # (n_hosts,) bool
     ratio: np.ndarray  # (n_hosts,) median compute ratio of its ranks vs cross-host peers
     rank_suspect: np.ndarray  # (n,) bool: the rank looks slow against cross-host peers
-    rank_ratio: np.ndarray | None = None  # (n,) compute / cross-host peers' (peer_ratio)
+    rank_ratio: np.ndarray  # (n,) compute / cross-host peers' (peer_ratio)
 
 
 def node_scores(

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from detectors.robust import group_median, loo_median, median_mad
+from detectors.robust import group_median, loo_median, median_mad, nanmedian_rows
 
 
 def brute(x: np.ndarray) -> np.ndarray:
@@ -74,3 +74,17 @@ def test_group_median_matches_numpy_per_group(
         sel = (g == k) & np.isfinite(v)
         want = np.median(v[sel]) if sel.any() else np.nan
         np.testing.assert_array_equal(got[k], want)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 8), st.integers(1, 12), st.booleans(), st.integers(0, 2**32 - 1))
+def test_nanmedian_rows_matches_numpy(rows: int, m: int, single: bool, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 4, (rows, m)).astype(np.float32 if single else np.float64) * 0.37
+    x[rng.random(x.shape) < 0.3] = np.nan
+    want = np.array(
+        [np.median(r[~np.isnan(r)]) if (~np.isnan(r)).any() else np.nan for r in x.astype(float)]
+    )
+    np.testing.assert_array_equal(nanmedian_rows(x), want)
+    count = np.count_nonzero(~np.isnan(x), axis=1)
+    np.testing.assert_array_equal(nanmedian_rows(x, count), want)
