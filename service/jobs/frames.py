@@ -236,8 +236,7 @@ class FrameBuilder:
             for lo in range(0, len(b), rows):
                 part = slice(lo, lo + rows)
                 slots, starts = all_slots[part], b.starts[part]
-                dur = b.ends[part] - starts
-                dur = dur * NS
+                dur = (b.ends[part] - starts) * NS
                 late, fastest = collective_stats(dur)
                 self._place(
                     self.queue,
@@ -309,25 +308,24 @@ class FrameBuilder:
             total += got
             if total == k * m:
                 return
-        # Not placed: waiting for its rank's step record (queued), or its frame is gone.
+        # The rest (no open frame holds it) goes the numpy way: queued while its rank's step
+        # record may still come, counted as dropped when its frame is gone.
         slots = table[0][table[1][comm]]
         rest = ~placed
-        waiting = rest & (starts >= self.newest_end[slots])
-        self.dropped_contributions += int(np.count_nonzero(rest)) - int(np.count_nonzero(waiting))
-        if waiting.any():
-            self._requeue(
-                self.queue,
-                {
-                    "slot": slots[waiting],
-                    "start": starts[waiting],
-                    "dur": dur[waiting],
-                    "late": late[waiting],
-                    "kind": np.broadcast_to(kind[:, None], (k, m))[waiting],
-                },
-            )
-        first = waiting[:, 0]
+        self._place(
+            self.queue,
+            {
+                "slot": slots[rest],
+                "start": starts[rest],
+                "dur": dur[rest],
+                "late": late[rest],
+                "kind": np.broadcast_to(kind[:, None], (k, m))[rest],
+            },
+            n,
+        )
+        first = rest[:, 0]
         if first.any():
-            self._requeue(
+            self._place(
                 self.cqueue,
                 {
                     "slot": slots[first, 0],
@@ -336,6 +334,7 @@ class FrameBuilder:
                     "transfer": fastest[first],
                     "ebytes": ebytes[first],
                 },
+                n,
             )
 
     # -- attribution ---------------------------------------------------------------------------
