@@ -12,14 +12,24 @@ as the ranks the others wait for, directly or transitively, that are not themsel
 A collective is only blocked while some member we heard from is still inside it: when every
 reported member completed it, the missing members' records are merely late (a lagging agent).
 
-A missing rank that is itself waiting in another blocked collective is followed, not blamed
-(Mycroft-style dependency analysis). When in-flight records are absent altogether (an agent that
-only reports completions), a job whose progress stopped while its hosts keep heartbeating is
-reported with the silent hosts as roots, or with no root when none is silent.
+A missing rank that is itself waiting in another blocked collective (timed out or not) is
+followed, not blamed (Mycroft-style dependency analysis). A rank so reached is a root only if it
+has completed nothing (no collective, no step) for the timeout too: a straggler that computes
+several times slower than its peers keeps them waiting for seconds, but it still finishes its
+own collectives in between, which a stopped or stuck rank does not. When every rank reached that
+way is still progressing, there is no hang (the peer detectors report the straggler).
+
+The clock of a member still inside a collective that its peers completed starts at their
+completion, not at its entry: until then its own end record may merely lag behind theirs.
+
+When in-flight records are absent altogether (an agent that only reports completions), a job
+whose progress stopped while its hosts keep heartbeating is reported with the silent hosts as
+roots, or with no root when none is silent.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
@@ -43,6 +53,8 @@ class HangSnapshot:
     host_last_ns: dict[str, int]
     last_progress_ns: int  # end of the newest completed step or collective
     step_time_s: float  # usual step time (NaN if unknown)
+    # per rank: end of its newest completed collective or step (event time); absent: none known
+    rank_last_end: Mapping[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +106,9 @@ class HangDetector:
         dead_hosts = sorted(
             h for h, last in snap.host_last_ns.items() if (now - last) / 1e9 > self.dead_after_s
         )
-        hung = []
+        dead = set(dead_hosts)
+        live: list[tuple[BlockedCollective, float]] = []  # someone is still inside
+        hung: list[tuple[BlockedCollective, float]] = []
         for b in snap.blocked:
             starts = [s for s in b.started if s is not None]
             if not starts:
@@ -108,46 +122,95 @@ class HangDetector:
             timeout = self.timeout_s(b.typical_s, snap.step_time_s)
             if b.progress_ns > min(starts) + timeout * 1e9:
                 continue  # a member finished later steps: records went missing, nobody is stuck
-            if (now - min(starts)) / 1e9 > timeout:
-                hung.append(b)
+            live.append((b, timeout))
+            if (now - _waiting_since(b)) / 1e9 > timeout:
+                hung.append((b, timeout))
         if not hung:
             return self._stalled(snap, dead_hosts)
-        waiting: set[int] = set()
-        missing: set[int] = set()
+        # Where each rank waits: collectives it is inside that none of its peers completed. A
+        # rank inside one its peers did complete finished it with them (collectives end
+        # together), its own end record is on its way: that counts as progress, when they ended.
+        waits_in: dict[int, list[BlockedCollective]] = {}
+        last_end = dict(snap.rank_last_end)
+        for b, _ in live:
+            ends = [e for e in b.ended if e is not None]
+            for rank, s, e in zip(b.members, b.started, b.ended, strict=True):
+                if s is None or e is not None:
+                    continue
+                if ends:
+                    last_end[rank] = max(last_end.get(rank, 0), max(ends))
+                else:
+                    waits_in.setdefault(rank, []).append(b)
+        # Follow the wait-for edges from the hung collectives to the ranks that wait nowhere.
+        todo: list[tuple[int, float]] = []
         stuck_inside: set[int] = set()
-        for b in hung:
+        dead_ranks: set[int] = set()
+        waiting = 0
+        for b, timeout in hung:
             done = any(e is not None for e in b.ended)
             for rank, s, e in zip(b.members, b.started, b.ended, strict=True):
                 if s is None:
-                    missing.add(rank)
+                    todo.append((rank, timeout))
                 elif e is None:
-                    (stuck_inside if done else waiting).add(rank)
-        dead_ranks = {r for r in missing | waiting if snap.host_of_rank.get(r) in dead_hosts}
-        roots = (missing - waiting) | stuck_inside | dead_ranks
+                    if snap.host_of_rank.get(rank) in dead:
+                        dead_ranks.add(rank)
+                    elif done:
+                        stuck_inside.add(rank)
+                    else:
+                        waiting += 1
+        missing: dict[int, float] = {}  # root -> the timeout it was held to
+        progressing: dict[int, float] = {}
+        seen: set[int] = set()
+        while todo:
+            rank, timeout = todo.pop()
+            if rank in seen:
+                continue
+            seen.add(rank)
+            if snap.host_of_rank.get(rank) in dead:
+                dead_ranks.add(rank)
+                continue
+            if rank in waits_in:  # it waits for others itself: follow them, do not blame it
+                for b in waits_in[rank]:
+                    todo.extend(
+                        (r, timeout) for r, s in zip(b.members, b.started, strict=True) if s is None
+                    )
+                continue
+            quiet_s = (now - last_end.get(rank, 0)) / 1e9
+            if quiet_s > timeout:
+                missing[rank] = timeout
+            else:  # it completed work within the timeout: slow, not hung
+                progressing[rank] = round(quiet_s, 3)
+        roots = set(missing) | stuck_inside | dead_ranks
         how = "missing from blocked collectives and not waiting in any"
-        if not roots:  # everyone waits on someone: a cycle (mismatched collectives)
-            oldest = min(hung, key=lambda b: min(s for s in b.started if s is not None))
+        if not roots:
+            if progressing:
+                # Everyone the blocked ranks wait for still completes collectives or steps: a
+                # straggler holds them up (the peer detectors report it), nobody is stuck.
+                return None
+            # everyone waits on someone: a cycle (mismatched collectives)
+            oldest = min(
+                (b for b, _ in hung),
+                key=lambda b: min(s for s in b.started if s is not None),
+            )
             roots = {
                 r for r, s in zip(oldest.members, oldest.started, strict=True) if s is None
             } or set(oldest.members)
             how = "waiting in a cycle of blocked collectives; blaming the oldest one's missing"
             how += " members"
-        onset = min(min(s for s in b.started if s is not None) for b in hung)
+        onset = min(min(s for s in b.started if s is not None) for b, _ in hung)
         # When could this have been decided? When a collective crossed its timeout, but not
-        # before the service had heard of it.
+        # before the service had heard of it, nor before its roots had been quiet that long.
         detected = min(
-            max(
-                min(s for s in b.started if s is not None)
-                + int(self.timeout_s(b.typical_s, snap.step_time_s) * 1e9),
-                b.seen_ns,
-            )
-            for b in hung
+            max(_waiting_since(b) + int(timeout * 1e9), b.seen_ns) for b, timeout in hung
         )
+        if missing and not (stuck_inside or dead_ranks):
+            quiet_enough = min(last_end.get(r, 0) + int(t * 1e9) for r, t in missing.items())
+            detected = max(detected, quiet_enough)
         detected = min(max(detected, onset), now)
         hosts = tuple(sorted({snap.host_of_rank[r] for r in roots if r in snap.host_of_rank}))
         parts = []
-        if missing - waiting:
-            parts.append(f"rank(s) {sorted(missing - waiting)[:8]} never entered")
+        if missing:
+            parts.append(f"rank(s) {sorted(missing)[:8]} never entered")
         if stuck_inside:
             parts.append(
                 f"rank(s) {sorted(stuck_inside)[:8]} stuck inside an op their peers completed"
@@ -171,12 +234,13 @@ class HangDetector:
                     "missing": [r for r, s in zip(b.members, b.started, strict=True) if s is None][
                         :16
                     ],
-                    "timeout_s": round(self.timeout_s(b.typical_s, snap.step_time_s), 3),
+                    "timeout_s": round(timeout, 3),
                 }
-                for b in sorted(hung, key=lambda b: (b.comm, b.seq))[:20]
+                for b, timeout in sorted(hung, key=lambda x: (x[0].comm, x[0].seq))[:20]
             ],
             "dead_hosts": dead_hosts,
-            "waiting_ranks": len(waiting),
+            "waiting_ranks": waiting,
+            "progressing": dict(sorted(progressing.items())[:16]),
             "rule": how,
         }
         return HangFinding(tuple(sorted(roots)), hosts, onset, detected, reason, evidence)
@@ -214,3 +278,13 @@ class HangDetector:
             reason,
             {"dead_hosts": dead_hosts, "rule": "stall"},
         )
+
+
+def _waiting_since(b: BlockedCollective) -> int:
+    """When the wait began: the first member's entry; once some members completed it, their
+    completion (a member still inside after that is stuck, but only once its own end record,
+    which may merely lag its peers', is overdue)."""
+    ends = [e for e in b.ended if e is not None]
+    if ends:
+        return max(ends)
+    return min(s for s in b.started if s is not None)

@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agents.simulator import Scenario
-from detectors.hang import HangSnapshot
 from detectors.pipeline import Finding, JobPipeline
-from service.detection.shape import blocked_collectives, job_shape
+from service.detection.shape import blocked_collectives, hang_snapshot, job_shape
 from service.ingest.validate import parse_envelope
 from service.jobs.state import JobState
 from service.settings import DetectionSettings, StateSettings
@@ -67,18 +66,11 @@ def run(
                 findings.append((topo.slot_rank[f.slots[0]] if f.slots else -1, f))
         # the engine's hang check, every pass
         floor = int(d.hang_timeout_floor_s * 1e9)
-        snap = HangSnapshot(
-            now_ns=state.watermark_ns,
-            blocked=tuple(
-                blocked_collectives(
-                    state, older_than_ns=state.watermark_ns - floor, typical=pipe.comm_typical
-                )
-            ),
-            host_of_rank={r: i.host for r, i in topo.ranks.items() if i.host is not None},
-            host_last_ns={h: i.last_sent_ns for h, i in topo.hosts.items()},
-            last_progress_ns=state.frames.last_progress_ns,
-            step_time_s=float(pipe.job_view()["step_time_s"] or float("nan")),
+        blocked = blocked_collectives(
+            state, older_than_ns=state.watermark_ns - floor, typical=pipe.comm_typical
         )
+        step_time_s = float(pipe.job_view()["step_time_s"] or float("nan"))
+        snap = hang_snapshot(state, blocked, step_time_s=step_time_s)
         slot_of = {r: i for i, r in enumerate(topo.slot_rank)}
         for f in pipe.check_hang(snap, slot_of):
             findings.append((topo.slot_rank[f.slots[0]] if f.slots else -1, f))

@@ -24,7 +24,7 @@ from detectors.types import JobShape
 from service.actions.models import Action
 from service.db import session_scope
 from service.detection.history import HistoryAccumulator
-from service.detection.shape import blocked_collectives, job_shape
+from service.detection.shape import blocked_collectives, hang_snapshot, job_shape
 from service.detection.text import summary_for
 from service.incidents import service as incidents
 from service.jobs import service as jobs_db
@@ -221,7 +221,6 @@ class DetectionEngine:
 
     def _hang_snapshot(self, rt: JobRuntime, state: JobState) -> HangSnapshot | None:
         """Collectives blocked for longer than the smallest timeout, under the job lock."""
-        topo = state.topology
         floor_ns = int(self.settings.hang_timeout_floor_s * 1e9)
         blocked = blocked_collectives(
             state, older_than_ns=state.watermark_ns - floor_ns, typical=rt.pipeline.comm_typical
@@ -232,14 +231,8 @@ class DetectionEngine:
             and not self._maybe_stalled(state)
         ):
             return None
-        return HangSnapshot(
-            now_ns=state.watermark_ns,
-            blocked=tuple(blocked),
-            host_of_rank={r: i.host for r, i in topo.ranks.items() if i.host is not None},
-            host_last_ns={h: i.last_sent_ns for h, i in topo.hosts.items()},
-            last_progress_ns=state.frames.last_progress_ns,
-            step_time_s=float(rt.pipeline.job_view()["step_time_s"] or float("nan")),
-        )
+        step_time_s = float(rt.pipeline.job_view()["step_time_s"] or float("nan"))
+        return hang_snapshot(state, blocked, step_time_s=step_time_s)
 
     def _maybe_stalled(self, state: JobState) -> bool:
         last = state.frames.last_progress_ns

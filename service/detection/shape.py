@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from detectors.hang import BlockedCollective
+from detectors.hang import BlockedCollective, HangSnapshot
 from detectors.types import KIND_INDEX, P2P, JobShape, PeerGroups
+from service.jobs.frames import NEVER
 from service.jobs.state import JobState
 from service.jobs.topology import Topology
 
@@ -83,20 +84,28 @@ def job_shape(topo: Topology) -> JobShape:
 def blocked_collectives(
     state: JobState, *, older_than_ns: int, typical: np.ndarray
 ) -> list[BlockedCollective]:
-    """Incomplete collectives whose first member entered before ``older_than_ns``.
+    """Incomplete collectives whose first member entered before ``older_than_ns`` and, when
+    there are any, every younger one that a member is inside: ranks waiting there wait for
+    someone else, and the hang detector follows them to whoever that is.
 
-    Pending collectives are kept in arrival order, so the scan stops at the first young one.
+    Pending collectives are kept in arrival order, so the scan for old ones stops at the first
+    young one; the younger ones are only scanned when something is old.
     """
     out: list[BlockedCollective] = []
     comms = state.topology.comms
+    newest = state.frames.newest_end
+    old = True
     for (name, seq), entry in state.assembler.pending.items():
-        if entry.first_ns >= older_than_ns:
-            break
+        if old and entry.first_ns >= older_than_ns:
+            if not out:
+                break
+            old = False
+        if not old and entry.finished >= entry.reported:
+            continue  # nobody inside it
         comm = comms.get(name)
         if comm is None:
             continue
         t = float(typical[comm.index]) if comm.index < typical.size else float("nan")
-        newest = state.frames.newest_end
         progress = int(max((newest[s] for s in comm.slots if s < newest.size), default=0))
         out.append(
             BlockedCollective(
@@ -111,3 +120,38 @@ def blocked_collectives(
             )
         )
     return out
+
+
+def hang_snapshot(
+    state: JobState,
+    blocked: list[BlockedCollective],
+    *,
+    step_time_s: float,
+) -> HangSnapshot:
+    """What the hang detector sees of a job now (under the job lock): the blocked collectives,
+    where every rank lives, when each host last reported, and when each member of a blocked
+    collective last completed something (a collective or a step)."""
+    topo = state.topology
+    newest_step = state.frames.newest_end
+    last_call = state.assembler.last_end
+    last_end: dict[int, int] = {}
+    for b in blocked:
+        for r in b.members:
+            if r in last_end:
+                continue
+            end = last_call.get(r, 0)
+            info = topo.ranks.get(r)
+            if info is not None and info.slot < newest_step.size:
+                step_end = int(newest_step[info.slot])
+                if step_end != NEVER:
+                    end = max(end, step_end)
+            last_end[r] = end
+    return HangSnapshot(
+        now_ns=state.watermark_ns,
+        blocked=tuple(blocked),
+        host_of_rank={r: i.host for r, i in topo.ranks.items() if i.host is not None},
+        host_last_ns={h: i.last_sent_ns for h, i in topo.hosts.items()},
+        last_progress_ns=state.frames.last_progress_ns,
+        step_time_s=step_time_s,
+        rank_last_end=last_end,
+    )

@@ -93,6 +93,7 @@ class Assembler:
         self.retired_seq: dict[str, int] = {}
         self._ready: dict[int, _ReadyBuffer] = {}
         self.expired = 0  # incomplete collectives dropped by retention or the cap
+        self.last_end: dict[int, int] = {}  # per rank: end of its newest completed call
         self.assumed_duplicates = 0
 
     def offer(self, rec: CollectiveRecord, comm: CommInfo, now_ns: int = 0) -> Outcome:
@@ -143,6 +144,8 @@ class Assembler:
             entry.ends[pos] = rec.end_ns
             entry.finished += 1
             outcome = Outcome.COMPLETED
+        if rec.end_ns is not None and rec.end_ns > self.last_end.get(rec.rank, 0):
+            self.last_end[rec.rank] = rec.end_ns  # the hang detector's "still progressing"
         if entry.finished == len(comm.ranks):
             self._complete(key, entry, comm, rec.op)
         return outcome

@@ -25,10 +25,12 @@ def blocked(
     )
 
 
-def snap(*b: BlockedCollective, dead: tuple[str, ...] = ()) -> HangSnapshot:
+def snap(
+    *b: BlockedCollective, dead: tuple[str, ...] = (), last_end: dict[int, int] | None = None
+) -> HangSnapshot:
     hosts = {r: f"h{r // 4}" for r in range(16)}
     last = {f"h{i}": (NOW - 30 * S if f"h{i}" in dead else NOW) for i in range(4)}
-    return HangSnapshot(NOW, b, hosts, last, NOW - 5 * S, 0.4)
+    return HangSnapshot(NOW, b, hosts, last, NOW - 5 * S, 0.4, last_end or {})
 
 
 def test_missing_rank_that_waits_nowhere_is_the_root() -> None:
@@ -43,6 +45,41 @@ def test_rank_stuck_inside_an_op_its_peers_completed() -> None:
     a = blocked("tp", (0, 1), {0: NOW - 5 * S, 1: NOW - 5 * S}, {0: NOW - 5 * S + 1000})
     f = HangDetector().analyse(snap(a))
     assert f is not None and f.roots == (1,)
+
+
+def test_a_member_whose_peers_just_completed_is_not_stuck_yet() -> None:
+    # 1 waited 3 s for 0, who arrived and finished 1.5 s ago: 1's own end record may still be
+    # on its way (the clock starts at the peers' completion, not at 1's entry)
+    a = blocked("dp", (0, 1), {0: NOW - 2 * S, 1: NOW - 3 * S}, {0: NOW - 3 * S // 2})
+    assert HangDetector().analyse(snap(a)) is None
+    later = HangSnapshot(NOW + S, (a,), {0: "h0", 1: "h0"}, {"h0": NOW + S}, NOW - 5 * S, 0.4)
+    f = HangDetector().analyse(later)  # 2.5 s after the peers: past the 2 s floor
+    assert f is not None and f.roots == (1,) and "stuck inside" in f.reason
+    assert f.detected_ns == NOW - 3 * S // 2 + 2 * S
+
+
+def test_a_straggler_that_still_completes_work_is_not_a_hang() -> None:
+    # 3 has waited 2.5 s in dp for 1, which computes slowly but finished a tp collective 0.6 s ago
+    a = blocked("dp", (1, 3), {3: NOW - 5 * S // 2})
+    assert HangDetector().analyse(snap(a, last_end={1: NOW - 6 * S // 10})) is None
+    f = HangDetector().analyse(snap(a, last_end={1: NOW - 7 * S // 2}))  # quiet for 3.5 s
+    assert f is not None and f.roots == (1,)
+    assert f.detected_ns == NOW - S // 2  # when dp passed the 2 s floor (1 was quiet by then)
+    f = HangDetector().analyse(snap(a, last_end={1: NOW - 22 * S // 10}))
+    assert f is not None and f.detected_ns == NOW - 2 * S // 10  # when 1 had been quiet 2 s
+    assert HangDetector().analyse(snap(a)) is not None  # nothing ever heard from 1: quiet
+
+
+def test_a_missing_rank_waiting_in_a_younger_collective_is_followed() -> None:
+    # The lab's shape (tp pairs {0,1} {2,3}, dp pairs {0,2} {1,3}) with rank 1 slow: 2 waits in
+    # tp for 3 past the floor; 3 waits in dp for 1, not yet past the floor (dp's timeout is
+    # longer). 3 is not the root: the chain leads to 1, whose fate decides.
+    tp = blocked("tp1", (2, 3), {2: NOW - 5 * S // 2})
+    dp = blocked("dp1", (1, 3), {3: NOW - 3 * S})
+    dp = BlockedCollective(dp.comm, dp.seq, dp.members, dp.started, dp.ended, 0.2)  # 4 s timeout
+    assert HangDetector().analyse(snap(tp, dp, last_end={1: NOW - S // 2})) is None
+    f = HangDetector().analyse(snap(tp, dp, last_end={1: NOW - 10 * S}))
+    assert f is not None and f.roots == (1,) and f.hosts == ("h0",)
 
 
 def test_young_collectives_are_not_hangs() -> None:
