@@ -22,6 +22,8 @@ import numpy as np
 import ruptures as rpt
 from scipy.special import gammaln
 
+from detectors.robust import quiet_nan
+
 LOG_ZERO = -np.inf
 
 
@@ -169,7 +171,7 @@ def segment_window(values: np.ndarray, *, min_size: int, penalty: float) -> list
     if w.size < 2 * min_size + 1:
         return []
     if np.isnan(w).any():
-        w = np.where(np.isnan(w), np.nanmedian(w), w)
+        w = np.where(np.isnan(w), quiet_nan(np.nanmedian, w), w)
     w = hampel(w)
     s = float(np.std(w))
     if s <= 0:
@@ -280,8 +282,8 @@ class OnlineChangeDetector:
         fresh = [
             ChangePoint(
                 lo + cp,
-                float(np.nanmean(w[bounds[i] : cp])),
-                float(np.nanmean(w[cp : bounds[i + 2]])),
+                float(quiet_nan(np.nanmean, w[bounds[i] : cp])),
+                float(quiet_nan(np.nanmean, w[cp : bounds[i + 2]])),
             )
             for i, cp in enumerate(found)
         ]

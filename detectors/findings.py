@@ -9,6 +9,7 @@ import numpy as np
 
 from detectors.changepoint import segment_window
 from detectors.lifecycle import run_start
+from detectors.robust import quiet_nan
 
 KINDS = ("slow_gpu", "slow_node", "slow_link", "hang", "job_slowdown")
 
@@ -66,7 +67,7 @@ def date_onset(
     cps = segment_window(v[ok], min_size=3, penalty=3.0)
     for cp in reversed(cps):
         before, after = v[idx[:cp]], v[idx[cp:]]
-        rising = np.nanmean(after) > np.nanmean(before)
+        rising = quiet_nan(np.nanmean, after) > quiet_nan(np.nanmean, before)
         pos = int(idx[cp])
         if rising == increase and abs(pos - start) <= max(3, (len(values) - start)):
             # an onset is an elevated frame: with few frames after the change, min_size can pull

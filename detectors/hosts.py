@@ -10,8 +10,6 @@ node and link incidents (it runs when one opens, not every frame).
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 from scipy.stats import chi2
 
@@ -34,12 +32,15 @@ def host_outlier_scores(features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         pval[ok] = 1.0
         return dist, pval
     xs = xs[:, keep]
-    if xs.shape[0] >= max(MIN_HOSTS, 3 * xs.shape[1]):
+    # MinCovDet needs a full-rank scatter (its own test, which it would only warn about); hosts
+    # that are near-identical in some direction get the robust z-scores instead. No
+    # warnings.catch_warnings here: detection runs in a background thread, and that context
+    # manager swaps the process-wide filter list (see robust.quiet_nan).
+    full_rank = (np.linalg.svd(xs.T @ xs, compute_uv=False) > 1e-8).sum() == xs.shape[1]
+    if xs.shape[0] >= max(MIN_HOSTS, 3 * xs.shape[1]) and full_rank:
         from sklearn.covariance import MinCovDet
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # singular-ish scatter on near-identical hosts
-            mcd = MinCovDet(support_fraction=0.75, random_state=0).fit(xs)
+        mcd = MinCovDet(support_fraction=0.75, random_state=0).fit(xs)
         d2 = mcd.mahalanobis(xs)
     else:
         z = (xs - np.median(xs, axis=0)) / spread[keep]

@@ -10,7 +10,6 @@ delay does not depend on replay speed.
 
 from __future__ import annotations
 
-import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +22,7 @@ from detectors.hang import HangDetector, HangFinding, HangSnapshot
 from detectors.hosts import host_outlier_scores
 from detectors.lifecycle import ConditionTracker, KeyedTracker, run_start
 from detectors.link import LinkDetector, LinkScores
-from detectors.robust import group_median
+from detectors.robust import group_median, quiet_nan
 from detectors.straggler import (
     FrameScores,
     NodeScores,
@@ -73,7 +72,7 @@ def _explained(busy: set[str], hosts: tuple[str, ...], edges: tuple[tuple[str, s
 
 def _med(a: np.ndarray) -> float:
     a = np.asarray(a, dtype=np.float64)
-    return float(np.nanmedian(a)) if np.isfinite(a).any() else float("nan")
+    return float(quiet_nan(np.nanmedian, a)) if np.isfinite(a).any() else float("nan")
 
 
 class JobPipeline:
@@ -231,8 +230,9 @@ class JobPipeline:
 
     # -- processing ----------------------------------------------------------------------------
     def process(self, frame: Frame, shape: JobShape) -> list[Finding]:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices: ranks without data
+        # Floating-point warnings (0/0 for ranks without data) off, in this thread only
+        # (np.errstate is thread-local; all-NaN slices go through quiet_nan, which never warns).
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             return self._process(frame, shape)
 
     def _process(self, frame: Frame, shape: JobShape) -> list[Finding]:
@@ -401,12 +401,12 @@ class JobPipeline:
             pos = self._positions(0)
             members = np.flatnonzero(host == h)
             signal = (
-                np.nanmedian(self.cross[members][:, pos], axis=0)
+                quiet_nan(np.nanmedian, self.cross[members][:, pos], axis=0)
                 if members.size
                 else np.zeros(pos.size)
             )
             flags = (
-                np.nanmedian(self.cross[members][:, pos], axis=0)
+                quiet_nan(np.nanmedian, self.cross[members][:, pos], axis=0)
                 >= 1 + (self.compute_ratio - 1) / 2
             )
             start = date_onset(signal, flags)
@@ -489,7 +489,7 @@ class JobPipeline:
             ]
             pos = self._positions(0)
             signal = (
-                np.nanmedian(self.link_ratio[comms][:, pos], axis=0)
+                quiet_nan(np.nanmedian, self.link_ratio[comms][:, pos], axis=0)
                 if comms
                 else np.zeros(pos.size)
             )
@@ -683,9 +683,9 @@ class JobPipeline:
         elif info.kind == "slow_node":
             members = list(info.slots)
             ratio = _med(self.cross[members][:, recent]) if members else float("nan")
-            late = (
-                _med(np.nanmax(self.late[members][:, recent], axis=0)) if members else float("nan")
-            )
+            late = float("nan")
+            if members:
+                late = _med(quiet_nan(np.nanmax, self.late[members][:, recent], axis=0))
             subject_slowdown = ratio
             reason = (
                 f"{len(members)} ranks of {info.hosts[0]} compute {ratio:.2f}x their data-parallel"
@@ -867,10 +867,8 @@ class JobPipeline:
         if self.count == 0 or self.n == 0:
             return np.full(self.n, np.nan)
         recent = self._positions(self.count - self.window)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            own = np.nanmedian(self.ratio[:, recent], axis=1)
-            cross = np.nanmedian(self.cross[:, recent], axis=1)
+        own = quiet_nan(np.nanmedian, self.ratio[:, recent], axis=1)
+        cross = quiet_nan(np.nanmedian, self.cross[:, recent], axis=1)
         ratio = np.fmax(own, cross)
         return np.where(np.isfinite(ratio) & (ratio > 0), 1.0 / ratio, np.nan)
 
@@ -890,11 +888,9 @@ class JobPipeline:
         if self.count == 0 or self.n == 0:
             return np.full(self.n, np.nan), np.full(self.n, np.nan)
         recent = self._positions(self.count - self.window)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN rows are expected
-            ratio = np.nanmedian(self.ratio[:, recent], axis=1)
-            late = np.nanmean(self.late[:, recent], axis=1)
-            ft = np.nanmedian(self.f_norm[recent])
+        ratio = quiet_nan(np.nanmedian, self.ratio[:, recent], axis=1)  # all-NaN rows: NaN
+        late = quiet_nan(np.nanmean, self.late[:, recent], axis=1)
+        ft = quiet_nan(np.nanmedian, self.f_norm[recent])
         score = np.where(np.isfinite(ratio), 1.0 / ratio, np.nan)
         if not np.isfinite(ft) or ft <= 0:
             return score, late

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 MAD_SCALE = 1.4826  # MAD of a normal distribution -> its standard deviation
@@ -110,3 +112,23 @@ def group_median(values: np.ndarray, groups: np.ndarray, n_groups: int) -> np.nd
     hi = starts[has] + counts[has] // 2
     out[has] = 0.5 * (v[lo] + v[hi])
     return out
+
+
+def quiet_nan(fn: Any, values: Any, axis: int | None = None) -> Any:
+    """``fn(values, axis=axis)`` for one of ``np.nanmedian``, ``np.nanmean``, ``np.nanmin`` or
+    ``np.nanmax``, with all-NaN slices giving NaN *without* numpy's RuntimeWarning.
+
+    Detection runs in the service's background threads, where silencing those warnings with
+    ``warnings.catch_warnings`` is not an option: it saves and restores the process-wide filter
+    list, so two threads doing it at once can drop each other's filters (the detection thread
+    once removed the filter FastAPI sets while it builds a route, in another thread).
+    """
+    x = np.asarray(values, dtype=np.float64)
+    has = ~np.isnan(x)
+    if axis is None:
+        return fn(x) if has.any() else np.float64(np.nan)
+    has = has.any(axis=axis, keepdims=True)
+    if has.all():
+        return fn(x, axis=axis)
+    out = fn(np.where(has, x, 0.0), axis=axis, keepdims=True)
+    return np.squeeze(np.where(has, out, np.nan), axis=axis)

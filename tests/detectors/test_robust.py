@@ -1,10 +1,12 @@
+import warnings
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from detectors.robust import group_median, loo_median, median_mad, nanmedian_rows
+from detectors.robust import group_median, loo_median, median_mad, nanmedian_rows, quiet_nan
 
 
 def brute(x: np.ndarray) -> np.ndarray:
@@ -88,3 +90,22 @@ def test_nanmedian_rows_matches_numpy(rows: int, m: int, single: bool, seed: int
     np.testing.assert_array_equal(nanmedian_rows(x), want)
     count = np.count_nonzero(~np.isnan(x), axis=1)
     np.testing.assert_array_equal(nanmedian_rows(x, count), want)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    arrays(
+        np.float64,
+        st.tuples(st.integers(1, 5), st.integers(1, 5)),
+        elements=st.sampled_from([np.nan, -1.0, 0.0, 0.5, 2.0, 7.0]),
+    ),
+    st.sampled_from([None, 0, 1]),
+    st.sampled_from([np.nanmedian, np.nanmean, np.nanmin, np.nanmax]),
+)
+def test_quiet_nan_equals_numpy_without_warning(x: np.ndarray, axis: int | None, fn) -> None:  # type: ignore[no-untyped-def]
+    with warnings.catch_warnings():  # the test's own thread: numpy's warning is expected here
+        warnings.simplefilter("ignore", RuntimeWarning)
+        expected = fn(x, axis=axis)
+    got = quiet_nan(fn, x, axis)  # pytest turns any warning into an error
+    assert np.shape(got) == np.shape(expected)
+    assert np.array_equal(np.asarray(got), np.asarray(expected), equal_nan=True)

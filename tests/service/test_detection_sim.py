@@ -182,3 +182,20 @@ def test_a_recovered_nic_resolves_despite_jitter_on_its_many_communicators() -> 
         ("resolved", "host:node-005"),
     ]
     assert 80 <= [f.detected_index for _, f in r.findings if f.status == "resolved"][0] <= 92
+
+
+def test_detection_never_swaps_the_process_wide_warning_filters(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Detection runs in the service's background threads: ``warnings.catch_warnings`` there
+    saves and restores the filter list of the whole process and can drop another thread's
+    filters (it once removed FastAPI's, which then failed a request under pytest's
+    ``-W error``). A slow node on a 16-host job exercises the robust-covariance host scores and
+    the all-NaN rows of ranks without data."""
+    import warnings
+
+    def forbidden(*a, **k):  # type: ignore[no-untyped-def]
+        raise AssertionError("warnings.catch_warnings called during detection")
+
+    monkeypatch.setattr(warnings, "catch_warnings", forbidden)
+    layout = Layout(tp=1, pp=1, dp=16, gpus_per_host=1)
+    r = run(scenario(Fault("slow_node", 50, factor=1.3, hosts=("node-003",)), layout=layout))
+    assert r.opened(None)
