@@ -72,7 +72,7 @@ def _explained(busy: set[str], hosts: tuple[str, ...], edges: tuple[tuple[str, s
 
 def _med(a: np.ndarray) -> float:
     a = np.asarray(a, dtype=np.float64)
-    return float(quiet_nan(np.nanmedian, a)) if np.isfinite(a).any() else float("nan")
+    return float(np.nanmedian(a)) if np.isfinite(a).any() else float("nan")
 
 
 class JobPipeline:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from detectors.robust import MAD_SCALE, group_median, loo_median, quiet_nan
+from detectors.robust import MAD_SCALE, group_median, loo_median
 from detectors.types import KIND_INDEX, KINDS, P2P, Frame, JobShape, PeerGroups
 
 # Kinds whose members are peers doing the same thing at the same time. Pipeline comms (p2p pairs,
@@ -147,7 +147,7 @@ class PeerLatenessDetector:
         late = np.where(present, min_rule_lateness(frame.late, frame.calls), np.nan)
         if frame.has_steps:
             frame_time = (
-                float(quiet_nan(np.nanmedian, frame.step_time))
+                float(np.nanmedian(frame.step_time))
                 if np.isfinite(frame.step_time).any()
                 else np.nan
             )
