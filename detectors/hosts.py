@@ -34,8 +34,9 @@ def host_outlier_scores(features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     xs = xs[:, keep]
     # MinCovDet needs a full-rank scatter (its own test, which it would only warn about); hosts
     # that are near-identical in some direction get the robust z-scores instead. No
-    # warnings.catch_warnings here: detection runs in a background thread, and that context
-    # manager swaps the process-wide filter list (see robust.quiet_nan).
+    # warnings.catch_warnings around it: detection runs in a background thread, and that context
+    # manager swaps the process-wide filter list (see robust.quiet_nan). scikit-learn's input
+    # validation still does so itself, briefly, once per node or link incident of 10+ hosts.
     full_rank = (np.linalg.svd(xs.T @ xs, compute_uv=False) > 1e-8).sum() == xs.shape[1]
     if xs.shape[0] >= max(MIN_HOSTS, 3 * xs.shape[1]) and full_rank:
         from sklearn.covariance import MinCovDet

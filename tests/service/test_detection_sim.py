@@ -188,8 +188,10 @@ def test_detection_never_swaps_the_process_wide_warning_filters(monkeypatch) -> 
     """Detection runs in the service's background threads: ``warnings.catch_warnings`` there
     saves and restores the filter list of the whole process and can drop another thread's
     filters (it once removed FastAPI's, which then failed a request under pytest's
-    ``-W error``). A slow node on a 16-host job exercises the robust-covariance host scores and
-    the all-NaN rows of ranks without data."""
+    ``-W error``). A slow host on a 16-host job: per-frame detection, the all-NaN rows of ranks
+    without data, and incident opening. (scikit-learn's input validation, run by the MinCovDet
+    host scores on node and link incidents of 10+ hosts, does use catch_warnings itself; that is
+    not covered here.)"""
     import warnings
 
     def forbidden(*a, **k):  # type: ignore[no-untyped-def]
