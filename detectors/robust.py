@@ -123,12 +123,14 @@ def quiet_nan(fn: Any, values: Any, axis: int | None = None) -> Any:
     list, so two threads doing it at once can drop each other's filters (the detection thread
     once removed the filter FastAPI sets while it builds a route, in another thread).
     """
-    x = np.asarray(values, dtype=np.float64)
+    x = np.asarray(values)
+    if x.dtype.kind != "f":
+        x = x.astype(np.float64)  # float32 history stays float32, as numpy would compute it
     has = ~np.isnan(x)
     if axis is None:
-        return fn(x) if has.any() else np.float64(np.nan)
+        return fn(x) if has.any() else x.dtype.type(np.nan)
     has = has.any(axis=axis, keepdims=True)
     if has.all():
         return fn(x, axis=axis)
-    out = fn(np.where(has, x, 0.0), axis=axis, keepdims=True)
-    return np.squeeze(np.where(has, out, np.nan), axis=axis)
+    out = fn(np.where(has, x, x.dtype.type(0)), axis=axis, keepdims=True)
+    return np.squeeze(np.where(has, out, x.dtype.type(np.nan)), axis=axis)

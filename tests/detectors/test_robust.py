@@ -95,7 +95,7 @@ def test_nanmedian_rows_matches_numpy(rows: int, m: int, single: bool, seed: int
 @settings(max_examples=200, deadline=None)
 @given(
     arrays(
-        np.float64,
+        st.sampled_from([np.float64, np.float32]),
         st.tuples(st.integers(1, 5), st.integers(1, 5)),
         elements=st.sampled_from([np.nan, -1.0, 0.0, 0.5, 2.0, 7.0]),
     ),
@@ -108,4 +108,5 @@ def test_quiet_nan_equals_numpy_without_warning(x: np.ndarray, axis: int | None,
         expected = fn(x, axis=axis)
     got = quiet_nan(fn, x, axis)  # pytest turns any warning into an error
     assert np.shape(got) == np.shape(expected)
+    assert np.asarray(got).dtype == np.asarray(expected).dtype
     assert np.array_equal(np.asarray(got), np.asarray(expected), equal_nan=True)
