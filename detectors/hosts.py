@@ -16,6 +16,11 @@ from scipy.stats import chi2
 MIN_HOSTS = 10  # below this the robust covariance is not identifiable; robust z-scores instead
 
 
+def _full_rank(xs: np.ndarray) -> bool:
+    """MinCovDet's own full-rank test of the scatter (singular values of X^T X above 1e-8)."""
+    return bool((np.linalg.svd(xs.T @ xs, compute_uv=False) > 1e-8).sum() == xs.shape[1])
+
+
 def host_outlier_scores(features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(distance, p_value)`` per host row; rows with missing features get NaN."""
     x = np.asarray(features, dtype=np.float64)
@@ -37,8 +42,7 @@ def host_outlier_scores(features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     # warnings.catch_warnings around it: detection runs in a background thread, and that context
     # manager swaps the process-wide filter list (see robust.quiet_nan). scikit-learn's input
     # validation still does so itself, briefly, once per node or link incident of 10+ hosts.
-    full_rank = (np.linalg.svd(xs.T @ xs, compute_uv=False) > 1e-8).sum() == xs.shape[1]
-    if xs.shape[0] >= max(MIN_HOSTS, 3 * xs.shape[1]) and full_rank:
+    if xs.shape[0] >= max(MIN_HOSTS, 3 * xs.shape[1]) and _full_rank(xs):
         from sklearn.covariance import MinCovDet
 
         mcd = MinCovDet(support_fraction=0.75, random_state=0).fit(xs)

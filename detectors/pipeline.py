@@ -405,10 +405,7 @@ class JobPipeline:
                 if members.size
                 else np.zeros(pos.size)
             )
-            flags = (
-                quiet_nan(np.nanmedian, self.cross[members][:, pos], axis=0)
-                >= 1 + (self.compute_ratio - 1) / 2
-            )
+            flags = signal >= 1 + (self.compute_ratio - 1) / 2  # no members: all False
             start = date_onset(signal, flags)
             info = self._open(
                 "slow_node", start, len(pos), frame, slots=tuple(int(m) for m in members)
