@@ -6,8 +6,14 @@ broadcast, reduce, all_to_all, all_to_all_single, barrier, send, recv, isend, ir
 call records its communicator, per-communicator sequence number, op, bytes, start and end on this
 process's wall clock, and hands the record to the node agent through the SDK (never blocking).
 Asynchronous calls (``async_op=True``, ``isend``/``irecv``) are completed from the ``Work``'s
-future. Data-parallel gradients, which DDP reduces in C++, are timed by :meth:`ddp_hook`, a comm
-hook with the arithmetic of DDP's default one. Results are never changed: the wrappers call the
+future. Data-parallel gradients, which DDP reduces in C++, are timed by handing DDP the process
+group returned by :meth:`process_group` (``DDP(model, process_group=inst.process_group(group))``):
+a Python ``ProcessGroup`` that forwards to the real one and times the calls DDP's reducer makes on
+it, while DDP keeps its own C++ gradient path (the 1/world-size scaling fused into the copy into
+the bucket, no Python per bucket except the timing). :meth:`ddp_hook`, a comm hook with the
+arithmetic of DDP's default one, does the same job for code that needs a comm hook anyway; it
+costs more (an extra pass over every gradient bucket for the scaling, and a Python future
+callback per bucket). Results are never changed: the wrappers call the
 original function with the original arguments and return its result; errors of the
 instrumentation itself are counted and swallowed, the training's own errors pass through.
 
@@ -130,8 +136,9 @@ class Instrumentation:
         available; True: every call; False: never. ``event_factory`` makes the events (default
         ``torch.cuda.Event(enable_timing=True)``; anything with ``record()``, ``query()`` and
         ``elapsed_time(other)`` in ms). ``poll_s``: how often a background thread polls the
-        events and the calls in flight (at most every ``inflight_after_s / 2``); None: no thread,
-        the caller runs :meth:`poll_events` and :meth:`report_inflight` itself."""
+        events of GPU-timed calls (calls in flight are checked when they become due, see
+        :meth:`_next_wake`); None: no thread, the caller runs :meth:`poll_events` and
+        :meth:`report_inflight` itself."""
         self.recorder = recorder
         self.clock = clock
         self.inflight_after_s = inflight_after_s
@@ -195,13 +202,24 @@ class Instrumentation:
         self.poll_events()
 
     def _watch(self) -> None:
-        assert self.poll_s is not None
-        period = self.poll_s
-        if self.inflight_after_s is not None:
-            period = min(period, self.inflight_after_s / 2)
-        while not self._stop.wait(period):
+        while not self._stop.wait(self._next_wake()):
             self.poll_events()
             self.report_inflight()
+
+    def _next_wake(self) -> float:
+        """Seconds the watchdog may sleep: every ``poll_s`` while calls may be GPU-timed (their
+        events need polling); otherwise until the oldest unreported call in flight becomes due
+        (``inflight_after_s`` when none is in flight). A blocked call is thus reported as soon as
+        it is due, and a CPU job's watchdog wakes about once per ``inflight_after_s`` instead of
+        several times a second (each wake-up costs CPU on the training's cores)."""
+        wake = self.poll_s if self.poll_s is not None and self.gpu_timing is not False else 60.0
+        if self.inflight_after_s is not None:
+            with self._lock:
+                starts = [v[2] for v in self._inflight.values() if not v[4]]
+            now = self.clock()
+            due = (min(starts) if starts else now) + int(self.inflight_after_s * 1e9)
+            wake = min(wake, max(0.02, (due - now) / 1e9))
+        return wake
 
     # -- GPU timing ------------------------------------------------------------------------------
     def _event_start(self, value: Any) -> Any:
@@ -453,6 +471,20 @@ class Instrumentation:
             self.errors += 1
 
     # -- DDP -------------------------------------------------------------------------------------
+    def process_group(self, group: Any = None, name: str = "dp", kind: str = "dp") -> Any:
+        """A process group for DDP (``DistributedDataParallel(model, process_group=...)``) that
+        forwards every call to ``group`` (None: the default group) and times the collectives DDP
+        makes on it: the gradient buckets' all-reduces, the parameter broadcasts and shape checks,
+        all under the comm id ``name``. DDP's own C++ gradient arithmetic is untouched, so losses
+        are bit-identical, and it is cheaper than :meth:`ddp_hook` (no extra pass over the
+        buckets). Calls on it through ``torch.distributed`` functions (``group=`` the returned
+        group) are timed once, by those functions' wrappers, also as ``name``."""
+        real = group if group is not None else dist.group.WORLD
+        timed = _timed_process_group(self, real, name)
+        self._names[id(timed)] = name
+        self.recorder.register_comm(name, kind, _ranks(real))
+        return timed
+
     def ddp_hook(
         self, name: str = "dp", kind: str = "dp", group: Any = None
     ) -> Callable[[Any, Any], torch.futures.Future[torch.Tensor]]:
@@ -491,3 +523,114 @@ class Instrumentation:
             "return": torch.futures.Future[torch.Tensor],
         }
         return hook
+
+
+# The methods of ProcessGroup that a Python subclass can override (PyTorch's PyProcessGroup
+# trampoline) and that are timed; -> the v1 op name and the argument holding the payload.
+_PG_TIMED = {
+    "allreduce": ("allreduce", 0),
+    "allreduce_coalesced": ("allreduce", 0),
+    "broadcast": ("broadcast", 0),
+    "allgather": ("allgather", 1),
+    "reduce_scatter": ("reducescatter", 1),
+    "all_to_all_single": ("alltoall", 1),
+    "barrier": ("barrier", None),
+}
+
+
+def _timed_process_group(inst: Instrumentation, real: Any, name: str) -> Any:
+    """A ``dist.ProcessGroup`` subclass instance wrapping ``real`` (see
+    :meth:`Instrumentation.process_group`).
+
+    The real group's backends are registered on the wrapper, so every method it does not
+    override (``_allgather_base``, ``reduce``, ``gather``, ...) goes straight to them, untimed.
+    The timed ones forward to ``real``'s and complete from the returned ``Work``'s future (gloo
+    and NCCL collectives have one; where one does not, the call is dropped from the in-flight
+    table and counted in ``untimed``, never reported as blocked). The wrapper is also entered in
+    ``torch.distributed``'s group tables next to ``real`` so that ``dist.get_rank(group)`` and
+    ``dist.all_reduce(..., group=...)``, which DDP's join and buffer paths use, accept it."""
+
+    class TimedProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__(real.rank(), real.size())
+            self.real = real
+            self.untimed = 0
+            backend_name = real._get_backend_name()
+            backend_type = getattr(
+                dist.ProcessGroup.BackendType,
+                backend_name.upper(),
+                dist.ProcessGroup.BackendType.CUSTOM,
+            )
+            for device in real._device_types:
+                self._register_backend(device, backend_type, real._get_backend(device))
+            self._set_default_backend(backend_type)
+            self._backend_name = backend_name
+
+        def getBackendName(self) -> str:  # noqa: N802 - PyTorch's name
+            return str(self._backend_name)
+
+        def _timed(self, method: str, args: tuple[Any, ...]) -> Any:
+            forward = getattr(real, method)
+            if getattr(inst._local, "inside", False):  # timed by a torch.distributed wrapper
+                return forward(*args)
+            try:
+                op, payload = _PG_TIMED[method]
+                value = args[payload] if payload is not None else None
+                nbytes = _nbytes(value)
+                seq = inst._next(name)
+            except Exception:  # noqa: BLE001 - never into the training loop
+                inst.errors += 1
+                return forward(*args)
+            start = inst.clock()
+            inst._begin(name, seq, op, nbytes, start, None)
+            event = inst._event_start(value)
+            try:
+                work = forward(*args)
+            except BaseException:
+                with inst._lock:
+                    inst._inflight.pop((name, seq), None)
+                raise
+
+            def done(*_: Any) -> None:
+                # on CUDA, PyTorch runs this with a current stream that waits for the collective
+                inst._complete(name, seq, op, nbytes, start, None, event)
+
+            try:
+                work.get_future().add_done_callback(done)
+            except Exception:  # noqa: BLE001 - a Work without a future: not timed
+                with inst._lock:
+                    inst._inflight.pop((name, seq), None)
+                self.untimed += 1
+            return work
+
+        def allreduce(self, *args: Any) -> Any:
+            return self._timed("allreduce", args)
+
+        def allreduce_coalesced(self, *args: Any) -> Any:
+            return self._timed("allreduce_coalesced", args)
+
+        def broadcast(self, *args: Any) -> Any:
+            return self._timed("broadcast", args)
+
+        def allgather(self, *args: Any) -> Any:
+            return self._timed("allgather", args)
+
+        def reduce_scatter(self, *args: Any) -> Any:
+            return self._timed("reduce_scatter", args)
+
+        def all_to_all_single(self, *args: Any) -> Any:
+            return self._timed("all_to_all_single", args)
+
+        def barrier(self, *args: Any) -> Any:
+            return self._timed("barrier", args)
+
+    timed = TimedProcessGroup()
+    try:  # PyTorch's private group tables; without them only dist.get_rank(timed) & co. fail
+        world = dist.distributed_c10d._world
+        if real in world.pg_group_ranks:
+            world.pg_group_ranks[timed] = world.pg_group_ranks[real]
+        if real in world.pg_map:
+            world.pg_map[timed] = world.pg_map[real]
+    except Exception:  # noqa: BLE001
+        inst.errors += 1
+    return timed

@@ -166,9 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         inst.register_group(tp_name, "tp", my_tp)
 
     model = ParallelMLP(args.model, args.hidden, args.tp, my_tp, args.seed)
-    ddp = nn.parallel.DistributedDataParallel(model, process_group=my_dp)
-    if inst is not None:
-        ddp.register_comm_hook(None, inst.ddp_hook(dp_name, "dp", my_dp))
+    # DDP's gradient all-reduces are timed through the group it is given
+    dp_group = inst.process_group(my_dp, dp_name, "dp") if inst is not None else my_dp
+    ddp = nn.parallel.DistributedDataParallel(model, process_group=dp_group)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     replica = args.rank // args.tp  # data-parallel index: the same batch within a tp group
     target_w = torch.randn(args.model, generator=torch.Generator().manual_seed(1234))

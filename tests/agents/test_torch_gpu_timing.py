@@ -121,14 +121,16 @@ def test_events_happen_in_any_order_and_unfinished_ones_wait(group: None) -> Non
         inst.uninstall()
 
 
-def test_ddp_buckets_are_event_timed_and_training_unchanged(group: None) -> None:
+@pytest.mark.parametrize("way", ["group", "hook"])
+def test_ddp_buckets_are_event_timed_and_training_unchanged(group: None, way: str) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     def train(inst: Any | None) -> list[float]:
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-        ddp = DDP(model, bucket_cap_mb=0.0001)
-        if inst is not None:
+        pg = inst.process_group() if inst is not None and way == "group" else None
+        ddp = DDP(model, bucket_cap_mb=0.0001, process_group=pg)
+        if inst is not None and way == "hook":
             ddp.register_comm_hook(None, inst.ddp_hook())
         opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
         losses = []
@@ -151,7 +153,7 @@ def test_ddp_buckets_are_event_timed_and_training_unchanged(group: None) -> None
     finally:
         inst.uninstall()
     assert timed == plain
-    dp = [r for r in inst.recorder.records if r["comm"] == "dp"]
+    dp = [r for r in inst.recorder.records if r["comm"] == "dp" and r["op"] == "allreduce"]
     # device time between the bucket's two events (other buckets' events may fall between
     # them), never the host clock's +1 s per reading
     durations = [r["end_ns"] - r["start_ns"] for r in dp]
@@ -213,3 +215,46 @@ def test_cpu_tensors_use_the_wall_clock_by_default(group: None) -> None:
     finally:
         inst.uninstall()
     assert made == [] and len(inst.recorder.records) == 1
+
+
+def test_timed_group_forwards_failures_and_untimed_methods(group: None) -> None:
+    gpu = _Gpu()
+    inst = _inst(gpu).install()
+    inst.gpu_timing = False  # wall clock: the records complete at once
+    inst.inflight_after_s = 0.5  # host clock moves 1 s per reading
+    try:
+        pg = inst.process_group(None, "dp", "dp")
+        with pytest.raises(TypeError):  # the real group's error, unchanged ...
+            pg.allreduce([torch.ones(2)], "not options")
+        assert inst._inflight == {} and inst.report_inflight() == 0  # ... nothing left in flight
+        out = torch.empty(4)  # not overridable in Python: straight to the real backend, untimed
+        pg._allgather_base(out, torch.arange(4.0)).wait()
+        assert out.tolist() == [0.0, 1.0, 2.0, 3.0]
+        t = torch.ones(3)
+        pg.allreduce([t]).wait()
+        assert dist.get_rank(pg) == 0 and dist.get_world_size(pg) == 1
+        assert [(r["comm"], r["seq"], r["op"], r["nbytes"]) for r in inst.recorder.records] == [
+            ("dp", 1, "allreduce", 12)
+        ]  # the failed call had taken sequence number 0 (on every rank alike, as the
+        # torch.distributed wrappers do)
+    finally:
+        inst.uninstall()
+
+
+def test_watchdog_sleeps_until_the_oldest_call_in_flight_is_due() -> None:
+    from agents.torch import Instrumentation
+
+    now = [100 * 10**9]
+    inst = Instrumentation(
+        _Recorder(), clock=lambda: now[0], gpu_timing=False, inflight_after_s=1.0, poll_s=0.25
+    )
+    assert inst._next_wake() == pytest.approx(1.0)  # nothing in flight: one period
+    inst._begin("dp", 0, "allreduce", 4, now[0] - 700_000_000, None)  # in flight for 0.7 s
+    inst._begin("dp", 1, "allreduce", 4, now[0] - 100_000_000, None)
+    assert inst._next_wake() == pytest.approx(0.3)  # the older one is due in 0.3 s
+    now[0] += 2 * 10**9
+    assert inst._next_wake() == pytest.approx(0.02)  # overdue: at once (a short floor)
+    assert inst.report_inflight() == 2
+    assert inst._next_wake() == pytest.approx(1.0)  # reported ones no longer count
+    inst.gpu_timing = None  # events may need polling: at least every poll_s
+    assert inst._next_wake() == pytest.approx(0.25)

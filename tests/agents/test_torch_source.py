@@ -27,14 +27,21 @@ def _init(rank: int, port: int, world: int = WORLD) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
 
 
-def _train(steps: int, instrument: Any | None) -> list[float]:
+def _train(steps: int, instrument: Any | None, way: str = "group") -> list[float]:
+    """``way``: how DDP's buckets are timed, ``group`` (Instrumentation.process_group) or
+    ``hook`` (Instrumentation.ddp_hook)."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
-    ddp = DDP(model, bucket_cap_mb=0.001)  # several buckets per step
-    if instrument is not None:
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.Tanh(), torch.nn.Linear(32, 1)
+    )  # BatchNorm: buffers, broadcast by DDP before every forward
+    group = None
+    if instrument is not None and way == "group":
+        group = instrument.process_group(None, "dp", "dp")
+    ddp = DDP(model, bucket_cap_mb=0.001, process_group=group)  # several buckets per step
+    if instrument is not None and way == "hook":
         ddp.register_comm_hook(None, instrument.ddp_hook("dp", "dp"))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(1 + dist.get_rank())
@@ -89,6 +96,8 @@ def _worker(rank: int, port: int, spool: str, out: str) -> None:
         dist.recv(buf, src=0)
         dist.irecv(buf, src=0).wait()
         dist.send(torch.ones(5), dst=0)
+    # a torch.distributed call on a timed group: recorded once, under the group's name
+    dist.all_reduce(torch.ones(3), group=inst.process_group(None, "extra", "other"))
     # a late peer: rank 0 waits inside this all-reduce long enough to be reported in flight
     if rank == 1:
         time.sleep(1.0)
@@ -159,7 +168,14 @@ def test_two_gloo_ranks_record_everything_and_train_identically(tmp_path: Path) 
     assert ("world", "broadcast") in ops and ("world", "barrier") in ops
     assert ("p2p-0-1", "send") in ops and ("p2p-0-1", "recv") in ops
     dp = [c for c in colls if c["comm"] == "dp"]
-    assert len(dp) >= 2 * 6  # at least one gradient bucket per step, 6 steps, 2 ranks
+    buckets = [c for c in dp if c["op"] == "allreduce"]
+    assert len(buckets) >= 2 * 6  # at least one gradient bucket per step, 6 steps, 2 ranks
+    # BatchNorm's buffers broadcast before each forward, and DDP's start-up broadcasts
+    assert len([c for c in dp if c["op"] == "broadcast"]) >= 2 * 6
+    assert sorted((c["rank"], c["seq"], c["op"]) for c in colls if c["comm"] == "extra") == [
+        (0, 0, "allreduce"),
+        (1, 0, "allreduce"),
+    ]
     world_ar = sorted(
         (c["seq"], c["bytes"]) for c in colls if c["comm"] == "world" and c["op"] == "allreduce"
     )
@@ -182,17 +198,19 @@ def _worker_losses(rank: int, port: int, world: int, spool: str, out: str) -> No
     plain = _train(8, None)
     rec = Recorder("torch-job", spool_dir=spool, flush_interval_s=0.5)
     inst = Instrumentation(rec).install()
-    instrumented = _train(8, inst)
+    by_group = _train(8, inst, "group")
+    by_hook = _train(8, inst, "hook")
     inst.uninstall()
     rec.close()
-    torch.save({"plain": plain, "instrumented": instrumented}, out)
+    torch.save({"plain": plain, "group": by_group, "hook": by_hook, "errors": inst.errors}, out)
     dist.destroy_process_group()
 
 
 @pytest.mark.e2e
 def test_three_ranks_train_bit_identically(tmp_path: Path) -> None:
-    """A data-parallel group of 3: scaling by 1/3 and dividing by 3 round differently (PyTorch's
-    own allreduce_hook divides, and its losses differ from plain DDP's in the 7th digit)."""
+    """A data-parallel group of 3, both ways of timing DDP: scaling by 1/3 and dividing by 3
+    round differently (PyTorch's own allreduce_hook divides, and its losses differ from plain
+    DDP's in the 7th digit)."""
     from tests.live import free_port
 
     port, world = free_port(), 3
@@ -211,5 +229,5 @@ def test_three_ranks_train_bit_identically(tmp_path: Path) -> None:
         assert p.exitcode == 0
     for r in range(world):
         res = torch.load(tmp_path / f"out{r}.pt")
-        assert len(res["plain"]) == 8
-        assert res["plain"] == res["instrumented"]
+        assert len(res["plain"]) == 8 and res["errors"] == 0
+        assert res["plain"] == res["group"] == res["hook"]
