@@ -17,10 +17,15 @@ measured separately (per-thread CPU clocks) and added in full as if it all delay
 bound is below 1%. ``--arm-b plain`` runs the same with two plain copies: the method's own bias
 (an A/A test); ``--arm-b python-hook`` gives copy B only PyTorch's own Python all-reduce comm hook
 (``allreduce_hook``): the cost of any Python DDP comm hook, before anything failslow does.
+Copy B instrumented times DDP through ``Instrumentation.process_group`` (the default) or, with
+``--arm-b instrumented-hook``, through the comm hook ``Instrumentation.ddp_hook``. The SDK runs
+with its defaults and hands its records to a Unix datagram socket, as next to a node agent; the
+benchmark receives and counts them (``--transport spool``: files in a spool folder instead).
 
 ``--mode runs``: whole runs alternating plain/instrumented (``--pairs`` each), as before.
 
-    python bench/lab_overhead.py [--ranks 2 --tp 1] [--steps 400] [--arm-b plain|python-hook]
+    python bench/lab_overhead.py [--ranks 2 --tp 1] [--steps 400] [--transport socket|spool]
+        [--arm-b instrumented|instrumented-hook|plain|python-hook]
         [--hidden 4096] [--batch 512] [--json bench/results/lab_overhead.json]
 """
 
@@ -129,7 +134,10 @@ def worker(args: argparse.Namespace) -> int:
         os.sched_setaffinity(0, {cores[args.rank]})
     my_tp, tp_name, my_dp, dp_name = join(args.rank, args.ranks, args.tp, args.master)
 
-    recorder = Recorder("overhead", spool_dir=args.spool, flush_interval_s=0.5)
+    if args.socket:  # the SDK's defaults, as a job uses them next to a node agent
+        recorder = Recorder("overhead", socket_path=args.socket)
+    else:
+        recorder = Recorder("overhead", spool_dir=args.spool)
     inst = Instrumentation(recorder).install()
     inst.register_group(tp_name, "tp", my_tp)
     wrapped = {name: getattr(dist, name) for name in inst._originals}
@@ -142,16 +150,17 @@ def worker(args: argparse.Namespace) -> int:
     plain = nn.parallel.DistributedDataParallel(
         ParallelMLP(args.model, args.hidden, args.tp, my_tp, 0), process_group=my_dp
     )
+    timed_group = inst.process_group(my_dp, dp_name) if args.arm_b == "instrumented" else my_dp
     timed = nn.parallel.DistributedDataParallel(
-        ParallelMLP(args.model, args.hidden, args.tp, my_tp, 0), process_group=my_dp
+        ParallelMLP(args.model, args.hidden, args.tp, my_tp, 0), process_group=timed_group
     )
-    if args.arm_b == "instrumented":
+    if args.arm_b == "instrumented-hook":  # the comm-hook way of timing DDP's buckets
         timed.register_comm_hook(None, inst.ddp_hook(dp_name, "dp", my_dp))
     elif args.arm_b == "python-hook":  # PyTorch's own Python all-reduce hook, nothing else
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
         timed.register_comm_hook(my_dp, allreduce_hook)
-    instrumented = args.arm_b == "instrumented"
+    instrumented = args.arm_b in ("instrumented", "instrumented-hook")
     opts = {
         "A": torch.optim.SGD(plain.parameters(), lr=0.01),
         "B": torch.optim.SGD(timed.parameters(), lr=0.01),
@@ -160,7 +169,8 @@ def worker(args: argparse.Namespace) -> int:
     target_w = torch.randn(args.model, generator=torch.Generator().manual_seed(1234))
     replica = args.rank // args.tp
     rows = []
-    bg0 = _thread_cpu_s("failslow-sdk") + _thread_cpu_s("failslow-inflight")
+    threads = ("failslow-sdk", "failslow-inflight")
+    bg0 = {name: _thread_cpu_s(name) for name in threads}
     for pair in range(args.steps):
         g = torch.Generator().manual_seed(pair * 1009 + replica)
         x = torch.randn(args.batch, args.model, generator=g)
@@ -181,12 +191,14 @@ def worker(args: argparse.Namespace) -> int:
         rows.append((times["A"], times["B"], cpu["A"], cpu["B"]))
         if args.rank == 0 and (pair + 1) % 50 == 0:
             print(f"  {pair + 1}/{args.steps} step pairs", file=sys.stderr, flush=True)
-    bg = _thread_cpu_s("failslow-sdk") + _thread_cpu_s("failslow-inflight") - bg0
+    bg_by_thread = {name: _thread_cpu_s(name) - bg0[name] for name in threads}
+    bg = sum(bg_by_thread.values())
     use(originals)
     out = {
         "rank": args.rank,
         "pairs": rows,
         "background_cpu_s": bg,
+        "background_cpu_s_by_thread": bg_by_thread,
         "records": inst.recorded,
         "instrumentation_errors": inst.errors,
     }
@@ -205,25 +217,68 @@ def _bootstrap_median(values: list[float], n: int = 2000, seed: int = 0) -> tupl
     return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
 
 
+class _Sink:
+    """The node agent's end of the SDK's Unix datagram socket: receives and counts what the
+    ranks send (parsing it as the agent would), so that the SDK runs its normal delivery path.
+    The agent's own work happens in its own process and is not part of the step time."""
+
+    def __init__(self, path: Path) -> None:
+        import threading
+
+        from agents import wire
+
+        self._wire = wire
+        self.records = 0
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        self.sock.settimeout(0.2)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                payload = self.sock.recv(1 << 17)
+            except TimeoutError:
+                continue
+            _, items = self._wire.decode_payload(payload)
+            self.records += sum(1 for m in items if m[0] == "c")
+
+    def close(self) -> int:
+        time.sleep(0.5)
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+        return self.records
+
+
 def interleaved_mode(args: argparse.Namespace) -> dict:
     port = _port()
     with tempfile.TemporaryDirectory() as d:
         work = Path(args.keep or d)
         work.mkdir(parents=True, exist_ok=True)
+        sink = _Sink(work / "agent.sock") if args.transport == "socket" else None
         procs = []
         for r in range(args.ranks):
             argv = [
                 sys.executable, __file__, "--worker", "--rank", str(r), "--ranks", str(args.ranks),
                 "--tp", str(args.tp), "--steps", str(args.steps), "--master", f"127.0.0.1:{port}",
-                "--out", str(work / f"rank{r}.json"), "--spool", str(work / "spool"),
+                "--out", str(work / f"rank{r}.json"),
                 "--model", str(args.model), "--hidden", str(args.hidden),
                 "--batch", str(args.batch), "--arm-b", args.arm_b,
             ]  # fmt: skip
+            if sink is not None:
+                argv += ["--socket", str(work / "agent.sock")]
+            else:
+                argv += ["--spool", str(work / "spool")]
             env = {**os.environ, "OMP_NUM_THREADS": "1"}
             procs.append(subprocess.Popen(argv, env=env))
         for p in procs:
             if p.wait(timeout=3600) != 0:
                 raise SystemExit(f"rank exited with {p.returncode}")
+        delivered = sink.close() if sink is not None else None
         ranks = [json.loads((work / f"rank{r}.json").read_text()) for r in range(args.ranks)]
     warm = args.warmup
     per_rank = []
@@ -249,6 +304,10 @@ def interleaved_mode(args: argparse.Namespace) -> dict:
                     1e3 * res["background_cpu_s"] / len(res["pairs"]), 3
                 ),
                 "background_pct": round(bg_per_b_step_pct, 3),
+                "background_cpu_ms_per_step_by_thread": {
+                    name: round(1e3 * cpu / len(res["pairs"]), 3)
+                    for name, cpu in res.get("background_cpu_s_by_thread", {}).items()
+                },
                 "bound_pct": round(hi + bg_per_b_step_pct, 3),
                 "records": res["records"],
                 "instrumentation_errors": res["instrumentation_errors"],
@@ -262,6 +321,8 @@ def interleaved_mode(args: argparse.Namespace) -> dict:
         "tp": args.tp,
         "hidden": args.hidden,
         "batch": args.batch,
+        "transport": args.transport,
+        "collective_records_delivered": delivered,
         "step_pairs": args.steps,
         "warmup_pairs": warm,
         "cpu_count": os.cpu_count(),
@@ -285,9 +346,16 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument(
         "--arm-b",
-        choices=("instrumented", "plain", "python-hook"),
+        choices=("instrumented", "instrumented-hook", "plain", "python-hook"),
         default="instrumented",
         help="interleaved: what copy B runs (plain: an A/A test of the method itself)",
+    )
+    ap.add_argument(
+        "--transport",
+        choices=("socket", "spool"),
+        default="socket",
+        help="how the SDK hands records over: the Unix datagram socket of a node agent "
+        "(received and counted here) or files in a spool folder",
     )
     ap.add_argument("--json")
     ap.add_argument("--keep", help="interleaved: keep each rank's raw step times in this folder")
@@ -297,6 +365,7 @@ def main() -> int:
     ap.add_argument("--master", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--spool", help=argparse.SUPPRESS)
+    ap.add_argument("--socket", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return worker(args)

@@ -69,3 +69,20 @@ def test_spool_dir_mode(tmp_path: Path) -> None:
     assert len(files) == 1
     assert wire.decode_payload(files[0].read_bytes())[1] == [["s", 0, 1, 5, 9]]
     rec.close()
+
+
+def test_a_burst_is_sent_before_the_interval(tmp_path: Path) -> None:
+    rec = Recorder(
+        "j", spool_dir=str(tmp_path / "spool"), flush_interval_s=30.0, flush_at_records=100
+    )
+    time.sleep(0.05)  # the sender is asleep for the 30 s interval
+    for i in range(99):
+        rec.record_step(rank=0, step=i, start_ns=i, end_ns=i + 1)
+    time.sleep(0.3)
+    assert rec.stats.sent == 0  # below the burst size: it waits for the interval
+    rec.record_step(rank=0, step=99, start_ns=99, end_ns=100)
+    deadline = time.monotonic() + 5
+    while rec.stats.sent < 100 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert rec.stats.sent == 100
+    rec.close()
