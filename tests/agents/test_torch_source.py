@@ -105,7 +105,15 @@ def _worker(rank: int, port: int, spool: str, out: str) -> None:
     inst.uninstall()
     assert rec.flush(timeout_s=20)
     rec.close()
-    torch.save({"plain": plain, "instrumented": instrumented, "errors": inst.errors}, out)
+    torch.save(
+        {
+            "plain": plain,
+            "instrumented": instrumented,
+            "errors": inst.errors,
+            "thread_states_kept": inst.thread_states_kept,
+        },
+        out,
+    )
     dist.destroy_process_group()
 
 
@@ -138,6 +146,10 @@ def test_two_gloo_ranks_record_everything_and_train_identically(tmp_path: Path) 
         res = torch.load(tmp_path / f"out{rank}.pt")
         assert res["plain"] == res["instrumented"]  # bit-identical losses
         assert res["errors"] == 0
+        # Completion callbacks ran on gloo's own threads (dozens of them), and each such thread's
+        # Python state was kept after its first callback: were it deleted after every call, the
+        # next callback on that thread would find its thread-local flag gone and keep it again
+        assert 1 <= res["thread_states_kept"] <= 4, res["thread_states_kept"]
     items = _records(spool)
     colls = [wire.collective_dict(m) for m in items if m[0] == "c"]
     comms = {m[1]: m for m in items if m[0] == "m"}
