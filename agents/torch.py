@@ -504,7 +504,8 @@ class Instrumentation:
         all under the comm id ``name``. DDP's own C++ gradient arithmetic is untouched, so losses
         are bit-identical, and it is cheaper than :meth:`ddp_hook` (no extra pass over the
         buckets). Calls on it through ``torch.distributed`` functions (``group=`` the returned
-        group) are timed once, by those functions' wrappers, also as ``name``."""
+        group) are timed once, by those functions' wrappers, also as ``name``. It lives as long
+        as the real group: destroy that one (``dist.destroy_process_group(group)``), not this."""
         real = group if group is not None else dist.group.WORLD
         timed = _timed_process_group(self, real, name)
         self._names[id(timed)] = name
