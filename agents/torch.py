@@ -457,6 +457,11 @@ class Instrumentation:
         with self._lock:
             self._inflight[(comm, seq)] = [op, nbytes, start, peer, False]
 
+    def _forget(self, comm: str, seq: int) -> None:
+        """Drop a call from the in-flight table (completed, failed or not timed)."""
+        with self._lock:
+            self._inflight.pop((comm, seq), None)
+
     def _record(
         self,
         comm: str,
@@ -467,8 +472,7 @@ class Instrumentation:
         end: int | None,
         peer: int | None,
     ) -> None:
-        with self._lock:
-            self._inflight.pop((comm, seq), None)
+        self._forget(comm, seq)
         self._emit(comm, seq, op, nbytes, start, end, peer)
 
     def _emit(
@@ -507,7 +511,15 @@ class Instrumentation:
         group) are timed once, by those functions' wrappers, also as ``name``. It lives as long
         as the real group: destroy that one (``dist.destroy_process_group(group)``), not this."""
         real = group if group is not None else dist.group.WORLD
-        timed = _timed_process_group(self, real, name)
+        timed = _TimedProcessGroup(self, real, name)
+        try:  # PyTorch's private group tables, so that dist.get_rank(timed) & co. accept it
+            world = dist.distributed_c10d._world
+            if real in world.pg_group_ranks:
+                world.pg_group_ranks[timed] = world.pg_group_ranks[real]
+            if real in world.pg_map:
+                world.pg_map[timed] = world.pg_map[real]
+        except Exception:  # noqa: BLE001 - only dist.get_rank(timed) & co. fail without them
+            self.errors += 1
         self._names[id(timed)] = name
         self.recorder.register_comm(name, kind, _ranks(real))
         return timed
@@ -565,99 +577,82 @@ _PG_TIMED = {
 }
 
 
-def _timed_process_group(inst: Instrumentation, real: Any, name: str) -> Any:
-    """A ``dist.ProcessGroup`` subclass instance wrapping ``real`` (see
-    :meth:`Instrumentation.process_group`).
+class _TimedProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
+    """A ``dist.ProcessGroup`` wrapping ``real`` (see :meth:`Instrumentation.process_group`).
 
     The real group's backends are registered on the wrapper, so every method it does not
     override (``_allgather_base``, ``reduce``, ``gather``, ...) goes straight to them, untimed.
     The timed ones forward to ``real``'s and complete from the returned ``Work``'s future (gloo
     and NCCL collectives have one; where one does not, the call is dropped from the in-flight
-    table and counted in ``untimed``, never reported as blocked). The wrapper is also entered in
-    ``torch.distributed``'s group tables next to ``real`` so that ``dist.get_rank(group)`` and
-    ``dist.all_reduce(..., group=...)``, which DDP's join and buffer paths use, accept it."""
+    table and counted in ``untimed``, never reported as blocked)."""
 
-    class TimedProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
-        def __init__(self) -> None:
-            super().__init__(real.rank(), real.size())
-            self.real = real
-            self.untimed = 0
-            backend_name = real._get_backend_name()
-            backend_type = getattr(
-                dist.ProcessGroup.BackendType,
-                backend_name.upper(),
-                dist.ProcessGroup.BackendType.CUSTOM,
-            )
-            for device in real._device_types:
-                self._register_backend(device, backend_type, real._get_backend(device))
-            self._set_default_backend(backend_type)
-            self._backend_name = backend_name
+    def __init__(self, inst: Instrumentation, real: Any, name: str) -> None:
+        super().__init__(real.rank(), real.size())
+        self.inst, self.real, self.comm = inst, real, name
+        self.untimed = 0
+        self._backend_name = real._get_backend_name()
+        backend_type = getattr(
+            dist.ProcessGroup.BackendType,
+            self._backend_name.upper(),
+            dist.ProcessGroup.BackendType.CUSTOM,
+        )
+        for device in real._device_types:
+            self._register_backend(device, backend_type, real._get_backend(device))
+        self._set_default_backend(backend_type)
 
-        def getBackendName(self) -> str:  # noqa: N802 - PyTorch's name
-            return str(self._backend_name)
+    def getBackendName(self) -> str:  # noqa: N802 - PyTorch's name
+        return str(self._backend_name)
 
-        def _timed(self, method: str, args: tuple[Any, ...]) -> Any:
-            forward = getattr(real, method)
-            if getattr(inst._local, "inside", False):  # timed by a torch.distributed wrapper
-                return forward(*args)
-            try:
-                op, payload = _PG_TIMED[method]
-                value = args[payload] if payload is not None else None
-                nbytes = _nbytes(value)
-                seq = inst._next(name)
-            except Exception:  # noqa: BLE001 - never into the training loop
-                inst.errors += 1
-                return forward(*args)
-            start = inst.clock()
-            inst._begin(name, seq, op, nbytes, start, None)
-            event = inst._event_start(value)
-            try:
-                work = forward(*args)
-            except BaseException:
-                with inst._lock:
-                    inst._inflight.pop((name, seq), None)
-                raise
+    def _timed(self, method: str, args: tuple[Any, ...]) -> Any:
+        inst, name = self.inst, self.comm
+        forward = getattr(self.real, method)
+        if getattr(inst._local, "inside", False):  # timed by a torch.distributed wrapper
+            return forward(*args)
+        try:
+            op, payload = _PG_TIMED[method]
+            value = args[payload] if payload is not None else None
+            nbytes = _nbytes(value)
+            seq = inst._next(name)
+        except Exception:  # noqa: BLE001 - never into the training loop
+            inst.errors += 1
+            return forward(*args)
+        start = inst.clock()
+        inst._begin(name, seq, op, nbytes, start, None)
+        event = inst._event_start(value)
+        try:
+            work = forward(*args)
+        except BaseException:
+            inst._forget(name, seq)
+            raise
 
-            def done(*_: Any) -> None:
-                # on CUDA, PyTorch runs this with a current stream that waits for the collective
-                inst._complete(name, seq, op, nbytes, start, None, event)
+        def done(*_: Any) -> None:
+            # on CUDA, PyTorch runs this with a current stream that waits for the collective
+            inst._complete(name, seq, op, nbytes, start, None, event)
 
-            try:
-                work.get_future().add_done_callback(done)
-            except Exception:  # noqa: BLE001 - a Work without a future: not timed
-                with inst._lock:
-                    inst._inflight.pop((name, seq), None)
-                self.untimed += 1
-            return work
+        try:
+            work.get_future().add_done_callback(done)
+        except Exception:  # noqa: BLE001 - a Work without a future: not timed
+            inst._forget(name, seq)
+            self.untimed += 1
+        return work
 
-        def allreduce(self, *args: Any) -> Any:
-            return self._timed("allreduce", args)
+    def allreduce(self, *args: Any) -> Any:
+        return self._timed("allreduce", args)
 
-        def allreduce_coalesced(self, *args: Any) -> Any:
-            return self._timed("allreduce_coalesced", args)
+    def allreduce_coalesced(self, *args: Any) -> Any:
+        return self._timed("allreduce_coalesced", args)
 
-        def broadcast(self, *args: Any) -> Any:
-            return self._timed("broadcast", args)
+    def broadcast(self, *args: Any) -> Any:
+        return self._timed("broadcast", args)
 
-        def allgather(self, *args: Any) -> Any:
-            return self._timed("allgather", args)
+    def allgather(self, *args: Any) -> Any:
+        return self._timed("allgather", args)
 
-        def reduce_scatter(self, *args: Any) -> Any:
-            return self._timed("reduce_scatter", args)
+    def reduce_scatter(self, *args: Any) -> Any:
+        return self._timed("reduce_scatter", args)
 
-        def all_to_all_single(self, *args: Any) -> Any:
-            return self._timed("all_to_all_single", args)
+    def all_to_all_single(self, *args: Any) -> Any:
+        return self._timed("all_to_all_single", args)
 
-        def barrier(self, *args: Any) -> Any:
-            return self._timed("barrier", args)
-
-    timed = TimedProcessGroup()
-    try:  # PyTorch's private group tables; without them only dist.get_rank(timed) & co. fail
-        world = dist.distributed_c10d._world
-        if real in world.pg_group_ranks:
-            world.pg_group_ranks[timed] = world.pg_group_ranks[real]
-        if real in world.pg_map:
-            world.pg_map[timed] = world.pg_map[real]
-    except Exception:  # noqa: BLE001
-        inst.errors += 1
-    return timed
+    def barrier(self, *args: Any) -> Any:
+        return self._timed("barrier", args)

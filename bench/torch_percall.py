@@ -18,7 +18,6 @@ import os
 import socket
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -36,6 +35,7 @@ def main() -> int:
 
     from agents.sdk import Recorder
     from agents.torch import Instrumentation
+    from bench.torch_overhead import per_call
 
     torch.set_num_threads(1)
     with socket.socket() as s:
@@ -46,19 +46,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         rec = Recorder("percall", spool_dir=d)
         inst = Instrumentation(rec)
-        t = torch.ones(16)
-
-        def loop() -> float:
-            start = time.thread_time_ns()
-            for _ in range(args.calls):
-                dist.all_reduce(t)
-            return (time.thread_time_ns() - start) / args.calls / 1e3
-
         plain, wrapped = [], []
         for _ in range(args.rounds):
-            plain.append(loop())
+            plain.append(per_call(None, args.calls))
             inst.install()
-            wrapped.append(loop())
+            wrapped.append(per_call(inst, args.calls))
             inst.uninstall()
         rec.close()
     dist.destroy_process_group()
