@@ -6,7 +6,9 @@ ARG PYTHON_IMAGE=python:3.11-slim
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY failslow failslow
 COPY service service
+COPY harness harness
 COPY agents agents
 COPY detectors detectors
 COPY migrations migrations

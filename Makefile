@@ -35,7 +35,7 @@ torch: $(STAMP)
 	  else echo "no local PyTorch wheel: the agents.torch tests will be skipped"; fi
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check service agents detectors tests bench
+	$(VENV)/bin/ruff check failslow service agents detectors harness migrations tests bench examples scripts
 
 bench: $(STAMP)
 	$(PY) bench/ingest_throughput.py

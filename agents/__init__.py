@@ -1,6 +1,6 @@
 """failslow agents: the in-process SDK a training script calls, and the node agent.
 
-    from agents import Recorder
+    from failslow.agents import Recorder
     rec = Recorder("my-job")                  # talks to the local agent's socket
     rec.register_rank(0, gpu=0, world_size=8)
     rec.register_comm("dp-0", "dp", [0, 1, 2, 3, 4, 5, 6, 7])
@@ -11,7 +11,7 @@
 Nothing here imports the service. Nothing here raises into the training loop.
 """
 
-from agents.sdk import Recorder, configure, recorder
+from failslow.agents.sdk import Recorder, configure, recorder
 
 
 def record_collective(**kwargs: object) -> None:

@@ -23,9 +23,9 @@ from typing import Any
 
 import orjson
 
-from agents import wire
-from agents.spool import AgentState, Outbox
-from agents.transport import Backoff, Sender
+from failslow.agents import wire
+from failslow.agents.spool import AgentState, Outbox
+from failslow.agents.transport import Backoff, Sender
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class NodeAgent:
         inspector: Any = None,
         archive: str | None = None,
     ) -> None:
-        """``inspector``: an :class:`agents.sources.nccl_inspector.InspectorSource` to poll
+        """``inspector``: an :class:`failslow.agents.sources.nccl_inspector.InspectorSource` to poll
         (NCCL Inspector dumps), next to the SDK's socket or spool directory. ``archive``: a
         JSONL file to which every delivered envelope is appended (``failslow replay`` reads it)."""
         self.archive = Path(archive) if archive else None

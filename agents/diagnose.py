@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agents.sources import flight_recorder as fr
-from agents.sources import nccl_ras as ras
+from failslow.agents.sources import flight_recorder as fr
+from failslow.agents.sources import nccl_ras as ras
 
 
 def trigger(pipe_prefix: str, rank: int) -> bool:

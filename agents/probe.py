@@ -132,7 +132,8 @@ def measure(
 class ProbeWorker:
     """Polls ``/v1/jobs/{job}/hosts/{host}/tasks`` and does what it is given: bandwidth tests,
     one at a time (with ``listen``: this node also answers its peers' tests), and hang evidence
-    (Flight Recorder dumps and NCCL RAS, see :mod:`agents.diagnose`) for the local ranks."""
+    (Flight Recorder dumps and NCCL RAS, see :mod:`failslow.agents.diagnose`) for the local
+    ranks."""
 
     def __init__(
         self,
@@ -206,7 +207,7 @@ class ProbeWorker:
         return len(body.get("probes", [])) + len(body.get("dumps", []))
 
     def report_hang(self, incident: str) -> None:
-        from agents.diagnose import collect
+        from failslow.agents.diagnose import collect
 
         evidence = collect(
             sorted(self.ranks()),

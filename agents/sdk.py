@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from agents import wire
+from failslow.agents import wire
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ calls and DDP buckets). The watchdog thread polls the events and records ``start
 time, ``end`` = ``start`` + the GPU time between the events (arrival to completion: the waiting for
 late peers included, which is what the service's lateness needs). ``ProcessGroupNCCL``'s
 on-completion hook was not used: PyTorch deprecated it in 2.6 in favour of the Flight Recorder
-(which the agent reads, ``agents.sources.flight_recorder``), and it requires
+(which the agent reads, ``failslow.agents.sources.flight_recorder``), and it requires
 ``TORCH_NCCL_ENABLE_TIMING``. The CUDA path is exercised here only with stand-in events (no GPU on
 the development machines); the logic around them is the same code.
 
@@ -51,7 +51,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from agents.sdk import Recorder
+from failslow.agents.sdk import Recorder
 
 COLLECTIVES = {
     "all_reduce": "allreduce",

@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agents.sdk import Recorder  # noqa: E402
 from bench.common import CLI, cpu_seconds, free_port, save, start_service  # noqa: E402
+from failslow.agents.sdk import Recorder  # noqa: E402
 
 
 def sdk_call_cost(calls: int) -> dict[str, float]:

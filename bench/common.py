@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-m", "service.cli"]
+CLI = [sys.executable, "-m", "failslow.cli"]
 
 
 def free_port() -> int:

@@ -20,8 +20,8 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agents.simulator import Layout, Scenario  # noqa: E402
 from bench.common import cpu_seconds, free_port, save, start_service  # noqa: E402
+from failslow.harness.simulator import Layout, Scenario  # noqa: E402
 
 
 def main() -> None:

@@ -60,7 +60,8 @@ def run(
     procs = []
     for r in range(ranks):
         argv = [
-            sys.executable, "-m", "agents.lab.train", "--rank", str(r), "--world", str(ranks),
+            sys.executable, "-m", "failslow.harness.lab.train",
+            "--rank", str(r), "--world", str(ranks),
             "--tp", str(tp), "--master", f"127.0.0.1:{port}", "--steps", str(steps),
             "--progress", str(work / f"{tag}-{r}.jsonl"),
         ]  # fmt: skip
@@ -124,9 +125,9 @@ def worker(args: argparse.Namespace) -> int:
     import torch.distributed as dist
     from torch import nn
 
-    from agents.lab.train import ParallelMLP, _train_step, join
-    from agents.sdk import Recorder
-    from agents.torch import Instrumentation
+    from failslow.agents.sdk import Recorder
+    from failslow.agents.torch import Instrumentation
+    from failslow.harness.lab.train import ParallelMLP, _train_step, join
 
     torch.set_num_threads(1)
     cores = sorted(os.sched_getaffinity(0))
@@ -225,7 +226,7 @@ class _Sink:
     def __init__(self, path: Path) -> None:
         import threading
 
-        from agents import wire
+        from failslow.agents import wire
 
         self._wire = wire
         self.records = 0

@@ -25,8 +25,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from agents.sdk import Recorder  # noqa: E402
-from agents.torch import Instrumentation  # noqa: E402
+from failslow.agents.sdk import Recorder  # noqa: E402
+from failslow.agents.torch import Instrumentation  # noqa: E402
 
 CALLS = 2000
 

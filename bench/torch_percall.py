@@ -33,9 +33,9 @@ def main() -> int:
     import torch
     import torch.distributed as dist
 
-    from agents.sdk import Recorder
-    from agents.torch import Instrumentation
     from bench.torch_overhead import per_call
+    from failslow.agents.sdk import Recorder
+    from failslow.agents.torch import Instrumentation
 
     torch.set_num_threads(1)
     with socket.socket() as s:

@@ -22,7 +22,7 @@ import numpy as np
 import ruptures as rpt
 from scipy.special import gammaln
 
-from detectors.robust import quiet_nan
+from failslow.detectors.robust import quiet_nan
 
 LOG_ZERO = -np.inf
 

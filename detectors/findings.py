@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from detectors.changepoint import segment_window
-from detectors.lifecycle import run_start
-from detectors.robust import quiet_nan
+from failslow.detectors.changepoint import segment_window
+from failslow.detectors.lifecycle import run_start
+from failslow.detectors.robust import quiet_nan
 
 KINDS = ("slow_gpu", "slow_node", "slow_link", "hang", "job_slowdown")
 

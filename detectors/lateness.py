@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from detectors.robust import _loo_median_sorted, loo_median
+from failslow.detectors.robust import _loo_median_sorted, loo_median
 
 
 def collective_lateness(durations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

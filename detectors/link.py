@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from detectors.busbw import bus_bandwidth
-from detectors.robust import nanmedian_rows
-from detectors.types import Frame, JobShape
+from failslow.detectors.busbw import bus_bandwidth
+from failslow.detectors.robust import nanmedian_rows
+from failslow.detectors.types import Frame, JobShape
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,20 +16,20 @@ from typing import Any
 
 import numpy as np
 
-from detectors.changepoint import OnlineChangeDetector
-from detectors.findings import Finding, date_onset, rounded
-from detectors.hang import HangDetector, HangFinding, HangSnapshot
-from detectors.hosts import host_outlier_scores
-from detectors.lifecycle import ConditionTracker, KeyedTracker, run_start
-from detectors.link import LinkDetector, LinkScores
-from detectors.robust import group_median, quiet_nan
-from detectors.straggler import (
+from failslow.detectors.changepoint import OnlineChangeDetector
+from failslow.detectors.findings import Finding, date_onset, rounded
+from failslow.detectors.hang import HangDetector, HangFinding, HangSnapshot
+from failslow.detectors.hosts import host_outlier_scores
+from failslow.detectors.lifecycle import ConditionTracker, KeyedTracker, run_start
+from failslow.detectors.link import LinkDetector, LinkScores
+from failslow.detectors.robust import group_median, quiet_nan
+from failslow.detectors.straggler import (
     FrameScores,
     NodeScores,
     PeerLatenessDetector,
     node_scores,
 )
-from detectors.types import Frame, JobShape
+from failslow.detectors.types import Frame, JobShape
 
 __all__ = ["Finding", "JobPipeline"]
 

@@ -13,9 +13,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from detectors.changepoint import BOCPD, OnlineChangeDetector
-from detectors.straggler import PeerLatenessDetector, node_scores
-from detectors.types import Frame, JobShape
+from failslow.detectors.changepoint import BOCPD, OnlineChangeDetector
+from failslow.detectors.straggler import PeerLatenessDetector, node_scores
+from failslow.detectors.types import Frame, JobShape
 
 
 class SeriesDetector(Protocol):

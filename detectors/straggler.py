@@ -1,12 +1,12 @@
 """Peer-lateness straggler detector: which ranks do their peers keep waiting for?
 
 Per frame (one training step), each rank's *lateness* is the time its peers spent waiting for it
-inside collectives (see :mod:`detectors.lateness`). A compute straggler is late in **every**
-communicator it belongs to, while a rank that is merely delayed by someone else (the straggler's
-tensor-parallel peers, or its pipeline neighbours) is on time in at least one of them: so a rank's
-lateness is the *minimum* over the comm kinds it took part in. When step records exist, the rank's
-compute time (step time minus time inside communication, on its own clock) must also exceed
-its role peers' (leave-one-out median within each tensor/data/expert-parallel group), as in
+inside collectives (see :mod:`failslow.detectors.lateness`). A compute straggler is late in
+**every** communicator it belongs to, while a rank that is merely delayed by someone else (the
+straggler's tensor-parallel peers, or its pipeline neighbours) is on time in at least one of them:
+so a rank's lateness is the *minimum* over the comm kinds it took part in. When step records exist,
+the rank's compute time (step time minus time inside communication, on its own clock) must also
+exceed its role peers' (leave-one-out median within each tensor/data/expert-parallel group), as in
 NVIDIA nvidia-resiliency-ext's straggler scores, where communication time is excluded because
 in a collective the slow rank waits least.
 
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from detectors.robust import MAD_SCALE, group_median, loo_median
-from detectors.types import KIND_INDEX, KINDS, P2P, Frame, JobShape, PeerGroups
+from failslow.detectors.robust import MAD_SCALE, group_median, loo_median
+from failslow.detectors.types import KIND_INDEX, KINDS, P2P, Frame, JobShape, PeerGroups
 
 # Kinds whose members are peers doing the same thing at the same time. Pipeline comms (p2p pairs,
 # and groups spanning stages such as Megatron's embedding group) carry structural lateness:

@@ -24,8 +24,8 @@ import random
 import statistics
 import time
 
-from agents import Recorder
-from agents.plan import PlanClient
+from failslow.agents import Recorder
+from failslow.agents.plan import PlanClient
 
 LEAD = 2  # steps between rank 0 seeing a plan and every rank applying it
 

@@ -18,7 +18,7 @@ import multiprocessing as mp
 import random
 import time
 
-from agents import Recorder
+from failslow.agents import Recorder
 
 
 def rank_main(rank: int, args: argparse.Namespace, barrier: mp.synchronize.Barrier) -> None:

@@ -1,11 +1,12 @@
-"""Alembic environment: runs on a connection handed over by ``service.db`` or on the URL."""
+"""Alembic environment: runs on a connection handed over by ``failslow.service.db`` or on the
+URL."""
 
 from __future__ import annotations
 
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
-from service.models import Base
+from failslow.service.models import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -41,9 +41,9 @@ while [ "$(docker inspect -f '{{.State.Health.Status}}' "$NAME")" != healthy ]; 
     sleep 1
 done
 echo "image-smoke: healthy after ${i} s, uid $user" >&2
-"$PY" -m service.cli simulate --job smoke --tp 2 --pp 2 --dp 4 --steps 200 --seed 3 \
+"$PY" -m failslow.cli simulate --job smoke --tp 2 --pp 2 --dp 4 --steps 200 --seed 3 \
     --fault slow_gpu:rank=5,start=80,factor=1.6 --out "$WORK/job.jsonl" --quiet
-"$PY" -m service.cli replay --service "http://127.0.0.1:$PORT" --token "$TOKEN" --quiet "$WORK/job.jsonl"
+"$PY" -m failslow.cli replay --service "http://127.0.0.1:$PORT" --token "$TOKEN" --quiet "$WORK/job.jsonl"
 "$PY" - "$PORT" "$TOKEN" <<'PY'
 import json, sys, urllib.request
 port, token = sys.argv[1], sys.argv[2]

@@ -17,10 +17,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from selenium import webdriver  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 
-from service.settings import DetectionSettings, Settings  # noqa: E402
+from failslow.service.settings import DetectionSettings, Settings  # noqa: E402
 from tests.live import live_service  # noqa: E402
 
-CLI = [sys.executable, "-m", "service.cli"]
+CLI = [sys.executable, "-m", "failslow.cli"]
 
 
 def main(out: str) -> int:

@@ -13,26 +13,26 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from starlette.concurrency import run_in_threadpool
 
-from service import __version__
-from service.actions.engine import Mitigation
-from service.actions.router import router as actions_router
-from service.context import AppContext
-from service.db import make_engine, make_sessionmaker, upgrade
-from service.detection.engine import DetectionEngine
-from service.errors import install_handlers
-from service.incidents.router import router as incidents_router
-from service.ingest.router import router as ingest_router
-from service.ingest.schemas import Envelope
-from service.jobs.registry import JobRegistry
-from service.jobs.router import router as jobs_router
-from service.live import job_samples, open_by_kind
-from service.metrics import LiveCollector, Metrics
-from service.ops.router import router as ops_router
-from service.plans.router import router as plans_router
-from service.probes.manager import ProbeManager
-from service.probes.router import router as probes_router
-from service.settings import Settings
-from service.ui.router import router as ui_router
+from failslow import __version__
+from failslow.service.actions.engine import Mitigation
+from failslow.service.actions.router import router as actions_router
+from failslow.service.context import AppContext
+from failslow.service.db import make_engine, make_sessionmaker, upgrade
+from failslow.service.detection.engine import DetectionEngine
+from failslow.service.errors import install_handlers
+from failslow.service.incidents.router import router as incidents_router
+from failslow.service.ingest.router import router as ingest_router
+from failslow.service.ingest.schemas import Envelope
+from failslow.service.jobs.registry import JobRegistry
+from failslow.service.jobs.router import router as jobs_router
+from failslow.service.live import job_samples, open_by_kind
+from failslow.service.metrics import LiveCollector, Metrics
+from failslow.service.ops.router import router as ops_router
+from failslow.service.plans.router import router as plans_router
+from failslow.service.probes.manager import ProbeManager
+from failslow.service.probes.router import router as probes_router
+from failslow.service.settings import Settings
+from failslow.service.ui.router import router as ui_router
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from enum import StrEnum
 
 from fastapi import Request
 
-from service.errors import Forbidden, Unauthorized
-from service.settings import AuthSettings
+from failslow.service.errors import Forbidden, Unauthorized
+from failslow.service.settings import AuthSettings
 
 
 class Role(StrEnum):

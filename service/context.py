@@ -10,15 +10,15 @@ from fastapi import Depends, Path, Request
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.actions.engine import Mitigation
-from service.auth import Role, check
-from service.detection.engine import DetectionEngine
-from service.errors import Forbidden
-from service.ingest.wire import ID_RE
-from service.jobs.registry import JobRegistry
-from service.metrics import Metrics
-from service.probes.manager import ProbeManager
-from service.settings import Settings
+from failslow.service.actions.engine import Mitigation
+from failslow.service.auth import Role, check
+from failslow.service.detection.engine import DetectionEngine
+from failslow.service.errors import Forbidden
+from failslow.service.ingest.wire import ID_RE
+from failslow.service.jobs.registry import JobRegistry
+from failslow.service.metrics import Metrics
+from failslow.service.probes.manager import ProbeManager
+from failslow.service.settings import Settings
 
 
 @dataclass(slots=True)

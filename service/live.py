@@ -1,4 +1,4 @@
-"""Scrape-time samples of live state for :class:`service.metrics.LiveCollector`."""
+"""Scrape-time samples of live state for :class:`failslow.service.metrics.LiveCollector`."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from collections.abc import Iterator
 import numpy as np
 from sqlalchemy import select
 
-from service.context import AppContext
-from service.incidents.models import Incident
-from service.jobs.views import job_state_name
-from service.metrics import JobSample
+from failslow.service.context import AppContext
+from failslow.service.incidents.models import Incident
+from failslow.service.jobs.views import job_state_name
+from failslow.service.metrics import JobSample
 
 
 def _open_incidents(ctx: AppContext) -> list[tuple[str, str, list[int]]]:

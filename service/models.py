@@ -1,10 +1,10 @@
 """Every table, imported in one place for Alembic's autogenerate and for tests."""
 
-from service.actions.models import Action, ActionEvent
-from service.db import Base
-from service.incidents.models import Incident
-from service.jobs.models import AgentStream, Comm, Host, Job, JobHistory, Rank, RankHistory
-from service.plans.models import JobWorkload, PlanVersion
+from failslow.service.actions.models import Action, ActionEvent
+from failslow.service.db import Base
+from failslow.service.incidents.models import Incident
+from failslow.service.jobs.models import AgentStream, Comm, Host, Job, JobHistory, Rank, RankHistory
+from failslow.service.plans.models import JobWorkload, PlanVersion
 
 __all__ = [
     "Action",

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from service.app import create_app
-from service.settings import DetectionSettings, Settings
+from failslow.service.app import create_app
+from failslow.service.settings import DetectionSettings, Settings
 
 
 @pytest.fixture(autouse=True)

@@ -11,8 +11,8 @@ from contextlib import contextmanager
 import httpx
 import uvicorn
 
-from service.app import create_app
-from service.settings import Settings
+from failslow.service.app import create_app
+from failslow.service.settings import Settings
 
 
 def free_port() -> int:

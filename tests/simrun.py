@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agents.simulator import Scenario
-from detectors.pipeline import Finding, JobPipeline
-from service.detection.shape import blocked_collectives, hang_snapshot, job_shape
-from service.ingest.validate import parse_envelope
-from service.jobs.state import JobState
-from service.settings import DetectionSettings, StateSettings
+from failslow.detectors.pipeline import Finding, JobPipeline
+from failslow.harness.simulator import Scenario
+from failslow.service.detection.shape import blocked_collectives, hang_snapshot, job_shape
+from failslow.service.ingest.validate import parse_envelope
+from failslow.service.jobs.state import JobState
+from failslow.service.settings import DetectionSettings, StateSettings
 
 
 @dataclass

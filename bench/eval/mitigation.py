@@ -1,9 +1,9 @@
 """``failslow eval --mitigation``: closed-loop scenarios through a real service process.
 
 Each simulated job streams into ``failslow serve`` and follows the plan it publishes
-(:mod:`agents.simulator.closedloop`); an operator callback approves manual actions. Reported per
-scenario: the actions taken, the job's step time before the fault, during it and after the
-first applied plan (ground truth from the simulation), the share of the slowdown recovered,
+(:mod:`failslow.harness.simulator.closedloop`); an operator callback approves manual actions.
+Reported per scenario: the actions taken, the job's step time before the fault, during it and after
+the first applied plan (ground truth from the simulation), the share of the slowdown recovered,
 how long after onset the mitigation took effect, and the outcome the service measured itself.
 """
 
@@ -21,8 +21,8 @@ from typing import Any
 
 import httpx
 
-from agents.simulator import Fault, Layout, Scenario, closedloop
-from agents.simulator.engine import Workload
+from failslow.harness.simulator import Fault, Layout, Scenario, closedloop
+from failslow.harness.simulator.engine import Workload
 
 ROOT = Path(__file__).resolve().parents[2]
 ONSET = 40

@@ -56,7 +56,7 @@ class Service:
                 [
                     sys.executable,
                     "-m",
-                    "service.cli",
+                    "failslow.cli",
                     "serve",
                     "--port",
                     str(port),

@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, replace
 
-from agents.simulator import Fault, Layout, Scenario
-from agents.simulator.engine import Noise
+from failslow.harness.simulator import Fault, Layout, Scenario
+from failslow.harness.simulator.engine import Noise
 
 L16 = Layout(
     tp=2, pp=2, dp=4, gpus_per_host=4

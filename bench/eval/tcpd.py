@@ -1,4 +1,4 @@
-"""Score ``detectors.changepoint.find_change_points`` at its production defaults on TCPD.
+"""Score ``failslow.detectors.changepoint.find_change_points`` at its production defaults on TCPD.
 
 The 25 local univariate series of ``../shared/datasets/tcpd`` (the paper's exclusions apply),
 metrics as TCPDBench computes them (F1 with margin 5, segmentation cover), compared with the
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from bench.eval.tcpd_metrics import cover, f1
-from detectors.changepoint import find_change_points
+from failslow.detectors.changepoint import find_change_points
 
 SERIES = [
     "bank",

@@ -18,20 +18,20 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.actions import outcomes, policy
-from service.actions import service as actions
-from service.actions.actuators.base import ActionRequest, run
-from service.actions.actuators.registry import build_actuators
-from service.actions.models import Action
-from service.db import session_scope
-from service.detection.engine import DetectionEngine
-from service.incidents import service as incidents
-from service.incidents.models import Incident
-from service.jobs.registry import JobRegistry
-from service.metrics import Metrics
-from service.plans import service as plans
-from service.plans.work import dp_index, rings
-from service.settings import ActionsSettings
+from failslow.service.actions import outcomes, policy
+from failslow.service.actions import service as actions
+from failslow.service.actions.actuators.base import ActionRequest, run
+from failslow.service.actions.actuators.registry import build_actuators
+from failslow.service.actions.models import Action
+from failslow.service.db import session_scope
+from failslow.service.detection.engine import DetectionEngine
+from failslow.service.incidents import service as incidents
+from failslow.service.incidents.models import Incident
+from failslow.service.jobs.registry import JobRegistry
+from failslow.service.metrics import Metrics
+from failslow.service.plans import service as plans
+from failslow.service.plans.work import dp_index, rings
+from failslow.service.settings import ActionsSettings
 
 log = logging.getLogger(__name__)
 MANUAL_BY_DEFAULT = ("isolate", "restart")

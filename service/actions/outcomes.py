@@ -12,8 +12,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from service.actions.models import Action
-from service.detection.engine import JobRuntime
+from failslow.service.actions.models import Action
+from failslow.service.detection.engine import JobRuntime
 
 
 def measure(

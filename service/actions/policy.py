@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.plans.compute import avoid_edges, group_host, makespan, rebalance_shares
+from failslow.service.plans.compute import avoid_edges, group_host, makespan, rebalance_shares
 
 KINDS = ("notify", "rebalance", "replan", "isolate", "restart")
 PENDING = ("proposed", "approved", "executing")

@@ -7,8 +7,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, BackgroundTasks, Body, Path, Query
 
-from service.actions import service as actions
-from service.actions.schemas import (
+from failslow.service.actions import service as actions
+from failslow.service.actions.schemas import (
     ActionEventOut,
     ActionOut,
     ActionState,
@@ -16,9 +16,9 @@ from service.actions.schemas import (
     event_out,
     to_out,
 )
-from service.context import CtxDep, JobId, OperatorAuth, ReadAuth, SessionDep
-from service.errors import NotFound
-from service.jobs import service as jobs_db
+from failslow.service.context import CtxDep, JobId, OperatorAuth, ReadAuth, SessionDep
+from failslow.service.errors import NotFound
+from failslow.service.jobs import service as jobs_db
 
 router = APIRouter(tags=["actions"])
 ActionId = Annotated[str, Path(max_length=40)]

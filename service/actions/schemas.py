@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from service.actions.models import Action, ActionEvent
+from failslow.service.actions.models import Action, ActionEvent
 
 ActionKind = Literal["notify", "rebalance", "replan", "isolate", "restart"]
 ActionState = Literal["proposed", "approved", "executing", "succeeded", "failed", "rejected"]

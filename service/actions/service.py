@@ -14,10 +14,10 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service.actions.models import Action, ActionEvent
-from service.actions.policy import ActionSpec
-from service.errors import Conflict
-from service.ids import new_id
+from failslow.service.actions.models import Action, ActionEvent
+from failslow.service.actions.policy import ActionSpec
+from failslow.service.errors import Conflict
+from failslow.service.ids import new_id
 
 TRANSITIONS = {
     "proposed": ("approved", "rejected"),

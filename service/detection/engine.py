@@ -17,24 +17,24 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from detectors.findings import Finding
-from detectors.hang import HangSnapshot
-from detectors.pipeline import JobPipeline
-from detectors.types import JobShape
-from service.actions.models import Action
-from service.db import session_scope
-from service.detection.history import HistoryAccumulator
-from service.detection.shape import blocked_collectives, hang_snapshot, job_shape
-from service.detection.text import summary_for
-from service.incidents import service as incidents
-from service.jobs import service as jobs_db
-from service.jobs.models import JobHistory, RankHistory
-from service.jobs.registry import JobRegistry
-from service.jobs.state import JobState
-from service.metrics import Metrics
-from service.plans import service as plans
-from service.plans.work import dp_index, work_weights
-from service.settings import DetectionSettings
+from failslow.detectors.findings import Finding
+from failslow.detectors.hang import HangSnapshot
+from failslow.detectors.pipeline import JobPipeline
+from failslow.detectors.types import JobShape
+from failslow.service.actions.models import Action
+from failslow.service.db import session_scope
+from failslow.service.detection.history import HistoryAccumulator
+from failslow.service.detection.shape import blocked_collectives, hang_snapshot, job_shape
+from failslow.service.detection.text import summary_for
+from failslow.service.incidents import service as incidents
+from failslow.service.jobs import service as jobs_db
+from failslow.service.jobs.models import JobHistory, RankHistory
+from failslow.service.jobs.registry import JobRegistry
+from failslow.service.jobs.state import JobState
+from failslow.service.metrics import Metrics
+from failslow.service.plans import service as plans
+from failslow.service.plans.work import dp_index, work_weights
+from failslow.service.settings import DetectionSettings
 
 log = logging.getLogger(__name__)
 

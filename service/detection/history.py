@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from detectors.straggler import FrameScores
-from detectors.types import Frame
+from failslow.detectors.straggler import FrameScores
+from failslow.detectors.types import Frame
 
 
 @dataclass(slots=True)

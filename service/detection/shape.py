@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from detectors.hang import BlockedCollective, HangSnapshot
-from detectors.types import KIND_INDEX, P2P, JobShape, PeerGroups
-from service.jobs.frames import NEVER
-from service.jobs.state import JobState
-from service.jobs.topology import Topology
+from failslow.detectors.hang import BlockedCollective, HangSnapshot
+from failslow.detectors.types import KIND_INDEX, P2P, JobShape, PeerGroups
+from failslow.service.jobs.frames import NEVER
+from failslow.service.jobs.state import JobState
+from failslow.service.jobs.topology import Topology
 
 ROLE_KINDS = ("tp", "dp", "ep", "cp")  # comms whose members do equal work
 CROSS_KINDS = ("dp", "ep", "cp")  # ... and whose members are usually on different hosts

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from detectors.findings import Finding
+from failslow.detectors.findings import Finding
 
 
 def _who(rank: int, info: dict[int, tuple[str | None, int | None]]) -> str:

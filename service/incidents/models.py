@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from service.db import Base
+from failslow.service.db import Base
 
 
 class Incident(Base):

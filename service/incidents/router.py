@@ -6,10 +6,10 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Query
 
-from service.context import ReadAuth, SessionDep
-from service.errors import NotFound
-from service.incidents import service as incidents
-from service.incidents.schemas import IncidentOut
+from failslow.service.context import ReadAuth, SessionDep
+from failslow.service.errors import NotFound
+from failslow.service.incidents import service as incidents
+from failslow.service.incidents.schemas import IncidentOut
 
 router = APIRouter(prefix="/v1/incidents", tags=["incidents"])
 

@@ -9,9 +9,9 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service.ids import new_id
-from service.incidents.models import Incident
-from service.incidents.schemas import IncidentOut
+from failslow.service.ids import new_id
+from failslow.service.incidents.models import Incident
+from failslow.service.incidents.schemas import IncidentOut
 
 
 @dataclass(frozen=True, slots=True)

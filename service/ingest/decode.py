@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 
-from service.errors import InvalidEnvelope, PayloadTooLarge, UnsupportedMediaType
+from failslow.service.errors import InvalidEnvelope, PayloadTooLarge, UnsupportedMediaType
 
 CHUNK = 64 * 1024
 

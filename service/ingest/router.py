@@ -7,12 +7,12 @@ import time
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from service.context import CtxDep, IngestAuth
-from service.errors import FailslowError, Overloaded
-from service.ingest.decode import read_json
-from service.ingest.schemas import IngestResult, Rejection
-from service.ingest.service import accept
-from service.ingest.validate import parse_envelope
+from failslow.service.context import CtxDep, IngestAuth
+from failslow.service.errors import FailslowError, Overloaded
+from failslow.service.ingest.decode import read_json
+from failslow.service.ingest.schemas import IngestResult, Rejection
+from failslow.service.ingest.service import accept
+from failslow.service.ingest.validate import parse_envelope
 
 router = APIRouter(tags=["ingest"])
 

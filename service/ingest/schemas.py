@@ -1,7 +1,7 @@
 """Pydantic descriptions of the v1 envelope for the OpenAPI document, and the ingest response.
 
 The handler does not parse bodies with these models: per-record validation must reject one
-record at a time (see :mod:`service.ingest.validate`). They exist so that ``/openapi.json``
+record at a time (see :mod:`failslow.service.ingest.validate`). They exist so that ``/openapi.json``
 describes the contract exactly.
 """
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.db import session_scope
-from service.errors import Unavailable
-from service.ingest.validate import Envelope
-from service.jobs.registry import JobRegistry
-from service.jobs.service import clear_committed, commit_ingest
-from service.jobs.state import ApplyResult
+from failslow.service.db import session_scope
+from failslow.service.errors import Unavailable
+from failslow.service.ingest.validate import Envelope
+from failslow.service.jobs.registry import JobRegistry
+from failslow.service.jobs.service import clear_committed, commit_ingest
+from failslow.service.jobs.state import ApplyResult
 
 
 def accept(

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.errors import InvalidEnvelope
-from service.ingest.wire import (
+from failslow.service.errors import InvalidEnvelope
+from failslow.service.ingest.wire import (
     COMM_KINDS,
     ID_RE,
     P2P_OPS,

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from detectors.busbw import bus_factor
-from detectors.types import KIND_INDEX, P2P
-from service.ingest.validate import RecordError
-from service.ingest.wire import P2P_OPS, CollectiveRecord
-from service.jobs.topology import CommInfo
+from failslow.detectors.busbw import bus_factor
+from failslow.detectors.types import KIND_INDEX, P2P
+from failslow.service.ingest.validate import RecordError
+from failslow.service.ingest.wire import P2P_OPS, CollectiveRecord
+from failslow.service.jobs.topology import CommInfo
 
 
 class Outcome(enum.Enum):

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from detectors.lateness import collective_stats
-from detectors.types import KINDS, Frame
-from service.ingest.validate import RecordError
-from service.ingest.wire import StepRecord
-from service.jobs import kernels
-from service.jobs.assembly import Outcome, ReadyBatch
-from service.jobs.topology import Topology
+from failslow.detectors.lateness import collective_stats
+from failslow.detectors.types import KINDS, Frame
+from failslow.service.ingest.validate import RecordError
+from failslow.service.ingest.wire import StepRecord
+from failslow.service.jobs import kernels
+from failslow.service.jobs.assembly import Outcome, ReadyBatch
+from failslow.service.jobs.topology import Topology
 
 NK = len(KINDS)
 NS = 1e-9

@@ -1,9 +1,9 @@
 """Compiled (numba) forms of the frame builder's two hot loops, used when numba is installed.
 
-They compute exactly what the numpy code in :mod:`service.jobs.frames` and
-:func:`detectors.lateness.collective_stats` computes — the same formulas, element by element —
-in one pass over each chunk of collectives, with no temporaries: at 100K ranks a step brings
-about 3 million member records, and numpy's dozen passes over them (each allocating) cost
+They compute exactly what the numpy code in :mod:`failslow.service.jobs.frames` and
+:func:`failslow.detectors.lateness.collective_stats` computes — the same formulas, element by
+element — in one pass over each chunk of collectives, with no temporaries: at 100K ranks a step
+brings about 3 million member records, and numpy's dozen passes over them (each allocating) cost
 several times more than the arithmetic. Sums are accumulated in a different order than numpy's
 ``bincount`` (per element instead of per chunk), so results agree to rounding, not bit for bit.
 
@@ -48,8 +48,9 @@ def lateness_rows(starts, ends, dur, late, fastest):  # type: ignore[no-untyped-
     """Per row (collective) of ``starts``/``ends`` (k, m) int64 ns, ``m <= SMALL``: each member's
     duration in seconds into ``dur``, its lateness (how far the median of the other members'
     durations exceeds its own, at least 0) into ``late``, and the row's shortest duration into
-    ``fastest``. The leave-one-out median comes from the sorted row as in ``detectors.robust``;
-    the row is sorted by counting, for each member, the members before it (no branches)."""
+    ``fastest``. The leave-one-out median comes from the sorted row as in
+    ``failslow.detectors.robust``; the row is sorted by counting, for each member, the members
+    before it (no branches)."""
     k, m = starts.shape
     d = np.empty(m)
     s = np.empty(m)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from service.db import Base
+from failslow.service.db import Base
 
 ID = String(128)
 

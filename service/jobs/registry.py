@@ -8,11 +8,11 @@ import time
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.db import session_scope
-from service.errors import Overloaded
-from service.jobs.service import load_job
-from service.jobs.state import JobState
-from service.settings import StateSettings
+from failslow.service.db import session_scope
+from failslow.service.errors import Overloaded
+from failslow.service.jobs.service import load_job
+from failslow.service.jobs.state import JobState
+from failslow.service.settings import StateSettings
 
 log = logging.getLogger(__name__)
 

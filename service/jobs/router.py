@@ -7,13 +7,13 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 from starlette.concurrency import run_in_threadpool
 
-from service.context import AppContext, CtxDep, JobClientAuth, JobId, ReadAuth, SessionDep
-from service.errors import NotFound
-from service.incidents import service as incidents
-from service.incidents.schemas import IncidentOut
-from service.jobs import service as jobs_db
-from service.jobs import views
-from service.jobs.schemas import JobDetail, JobSummary, RankOut
+from failslow.service.context import AppContext, CtxDep, JobClientAuth, JobId, ReadAuth, SessionDep
+from failslow.service.errors import NotFound
+from failslow.service.incidents import service as incidents
+from failslow.service.incidents.schemas import IncidentOut
+from failslow.service.jobs import service as jobs_db
+from failslow.service.jobs import views
+from failslow.service.jobs.schemas import JobDetail, JobSummary, RankOut
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

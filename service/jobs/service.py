@@ -12,10 +12,10 @@ from sqlalchemy import Table, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service.ingest.validate import CommAnnouncement, RankAnnouncement
-from service.jobs.models import AgentStream, Comm, Host, Job, JobHistory, Rank, RankHistory
-from service.jobs.state import JobState
-from service.settings import StateSettings
+from failslow.service.ingest.validate import CommAnnouncement, RankAnnouncement
+from failslow.service.jobs.models import AgentStream, Comm, Host, Job, JobHistory, Rank, RankHistory
+from failslow.service.jobs.state import JobState
+from failslow.service.settings import StateSettings
 
 
 def _upsert(

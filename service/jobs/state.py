@@ -12,7 +12,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from service.ingest.validate import (
+from failslow.service.ingest.validate import (
     Envelope,
     RecordError,
     parse_collective,
@@ -20,10 +20,10 @@ from service.ingest.validate import (
     parse_rank,
     parse_step,
 )
-from service.jobs.assembly import Assembler, Outcome
-from service.jobs.frames import FrameBuilder
-from service.jobs.topology import Topology
-from service.settings import StateSettings
+from failslow.service.jobs.assembly import Assembler, Outcome
+from failslow.service.jobs.frames import FrameBuilder
+from failslow.service.jobs.topology import Topology
+from failslow.service.settings import StateSettings
 
 
 @dataclass(slots=True)

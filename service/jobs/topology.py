@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from service.ingest.validate import CommAnnouncement, RankAnnouncement, RecordError
+from failslow.service.ingest.validate import CommAnnouncement, RankAnnouncement, RecordError
 
 
 @dataclass(slots=True)

@@ -10,13 +10,13 @@ import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from service.detection.engine import DetectionEngine
-from service.incidents.models import Incident
-from service.jobs import service as jobs_db
-from service.jobs.models import Job
-from service.jobs.registry import JobRegistry
-from service.jobs.schemas import JobDetail, JobSummary, RankOut
-from service.jobs.state import JobState
+from failslow.service.detection.engine import DetectionEngine
+from failslow.service.incidents.models import Incident
+from failslow.service.jobs import service as jobs_db
+from failslow.service.jobs.models import Job
+from failslow.service.jobs.registry import JobRegistry
+from failslow.service.jobs.schemas import JobDetail, JobSummary, RankOut
+from failslow.service.jobs.state import JobState
 
 SLOW_KINDS = ("slow_gpu", "slow_node", "slow_link", "job_slowdown")
 

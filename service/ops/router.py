@@ -6,10 +6,10 @@ from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
-from service.auth import Role, check
-from service.context import CtxDep
-from service.db import check_ready
-from service.errors import Unavailable
+from failslow.service.auth import Role, check
+from failslow.service.context import CtxDep
+from failslow.service.db import check_ready
+from failslow.service.errors import Unavailable
 
 router = APIRouter(tags=["operations"])
 

@@ -8,11 +8,18 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Response
 
-from service.context import CtxDep, JobClientAuth, JobId, PlanReadAuth, ReadAuth, SessionDep
-from service.errors import NotFound
-from service.jobs import service as jobs_db
-from service.plans import service as plans
-from service.plans.schemas import (
+from failslow.service.context import (
+    CtxDep,
+    JobClientAuth,
+    JobId,
+    PlanReadAuth,
+    ReadAuth,
+    SessionDep,
+)
+from failslow.service.errors import NotFound
+from failslow.service.jobs import service as jobs_db
+from failslow.service.plans import service as plans
+from failslow.service.plans.schemas import (
     PlanAck,
     PlanOut,
     PlanVersionOut,

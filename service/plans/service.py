@@ -14,8 +14,8 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service.errors import Conflict
-from service.plans.models import JobWorkload, PlanVersion
+from failslow.service.errors import Conflict
+from failslow.service.plans.models import JobWorkload, PlanVersion
 
 EMPTY: dict[str, Any] = {
     "microbatch_shares": None,

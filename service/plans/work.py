@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from service.jobs.topology import Topology
+from failslow.service.jobs.topology import Topology
 
 RING_KINDS = ("dp", "tp", "ep", "cp", "world", "other")
 

@@ -4,8 +4,8 @@ A campaign starts for an open ``slow_link`` incident that passive data could not
 or one host pair (``evidence.ambiguous``, or more than two hosts), once agents of at least two
 of its hosts have announced a probe endpoint, at most once per ``min_interval_s`` per job, and
 not while the job says it is in a critical phase (unless ``during_critical``). Its rounds come
-from :func:`service.probes.schedule.plan_rounds`; the agents poll for their tasks (the lower
-host of each pair sends, the other echoes), a round starts when the previous one has finished
+from :func:`failslow.service.probes.schedule.plan_rounds`; the agents poll for their tasks (the
+lower host of each pair sends, the other echoes), a round starts when the previous one has finished
 (every task reported, failed, or timed out). The conclusion is written into the incident: its
 ``evidence.probes`` (every pair measured), and, when one component is slow, its ``hosts`` and a
 sentence in its summary.
@@ -25,13 +25,13 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.db import session_scope
-from service.ids import new_id
-from service.incidents.models import Incident
-from service.incidents.service import add_notes
-from service.metrics import Metrics
-from service.probes.schedule import Pair, PairResult, analyse, plan_rounds
-from service.settings import ProbeSettings
+from failslow.service.db import session_scope
+from failslow.service.ids import new_id
+from failslow.service.incidents.models import Incident
+from failslow.service.incidents.service import add_notes
+from failslow.service.metrics import Metrics
+from failslow.service.probes.schedule import Pair, PairResult, analyse, plan_rounds
+from failslow.service.settings import ProbeSettings
 
 log = logging.getLogger(__name__)
 

@@ -8,11 +8,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, Field
 
-from service.context import CtxDep, IngestAuth, JobClientAuth, JobId, ReadAuth, SessionDep
-from service.errors import Conflict, NotFound
-from service.incidents.models import Incident
-from service.incidents.service import add_notes
-from service.probes.hang_evidence import HangEvidenceIn, merge
+from failslow.service.context import CtxDep, IngestAuth, JobClientAuth, JobId, ReadAuth, SessionDep
+from failslow.service.errors import Conflict, NotFound
+from failslow.service.incidents.models import Incident
+from failslow.service.incidents.service import add_notes
+from failslow.service.probes.hang_evidence import HangEvidenceIn, merge
 
 router = APIRouter(prefix="/v1/jobs", tags=["probes"])
 

@@ -9,7 +9,7 @@ from fastapi import APIRouter
 from fastapi.responses import HTMLResponse
 
 router = APIRouter(tags=["ui"])
-_PAGE = resources.files("service.ui").joinpath("index.html").read_text(encoding="utf-8")
+_PAGE = resources.files("failslow.service.ui").joinpath("index.html").read_text(encoding="utf-8")
 
 
 @router.get("/ui", response_class=HTMLResponse, include_in_schema=False)

@@ -12,9 +12,9 @@ import httpx
 import orjson
 import pytest
 
-from agents.agent import NodeAgent
-from agents.sdk import Recorder
-from service.settings import Settings
+from failslow.agents.agent import NodeAgent
+from failslow.agents.sdk import Recorder
+from failslow.service.settings import Settings
 from tests.live import free_port, live_service, wait_for
 
 JOB = "agent-job"

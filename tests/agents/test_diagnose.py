@@ -14,12 +14,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agents.diagnose import collect, trigger
-from agents.probe import ProbeWorker
-from service.db import make_engine, make_sessionmaker, session_scope
-from service.incidents.service import IncidentDraft, open_incident
-from service.probes.hang_evidence import HangEvidenceIn, merge
-from service.settings import ActionsSettings, DetectionSettings, Settings
+from failslow.agents.diagnose import collect, trigger
+from failslow.agents.probe import ProbeWorker
+from failslow.service.db import make_engine, make_sessionmaker, session_scope
+from failslow.service.incidents.service import IncidentDraft, open_incident
+from failslow.service.probes.hang_evidence import HangEvidenceIn, merge
+from failslow.service.settings import ActionsSettings, DetectionSettings, Settings
 from tests.helpers import SHARED, T0, envelope
 from tests.live import live_service, wait_for
 

@@ -11,12 +11,12 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from agents.plan import Plan, PlanClient
-from service.actions import service as actions
-from service.actions.policy import ActionSpec
-from service.app import create_app
-from service.db import session_scope
-from service.settings import DetectionSettings, Settings
+from failslow.agents.plan import Plan, PlanClient
+from failslow.service.actions import service as actions
+from failslow.service.actions.policy import ActionSpec
+from failslow.service.app import create_app
+from failslow.service.db import session_scope
+from failslow.service.settings import DetectionSettings, Settings
 from tests.helpers import T0, envelope, two_hosts
 
 

@@ -6,8 +6,8 @@ import socket
 import time
 from pathlib import Path
 
-from agents import wire
-from agents.sdk import Recorder
+from failslow.agents import wire
+from failslow.agents.sdk import Recorder
 
 
 def test_records_without_any_agent_are_kept_not_raised(tmp_path: Path) -> None:

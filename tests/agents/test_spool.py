@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agents.spool import AgentState, Outbox
+from failslow.agents.spool import AgentState, Outbox
 
 
 def test_fifo_and_ack(tmp_path: Path) -> None:

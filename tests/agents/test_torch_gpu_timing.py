@@ -1,4 +1,5 @@
-"""agents.torch's GPU timing path (CUDA events), on a real one-rank gloo group with stand-in events.
+"""failslow.agents.torch's GPU timing path (CUDA events), on a real one-rank gloo group with
+stand-in events.
 
 There is no GPU on the development machines, so ``torch.cuda.Event`` is replaced by ``_Event``
 below: it reads a fake GPU clock when recorded and has "happened" once the test moves the GPU's
@@ -65,7 +66,7 @@ def group(tmp_path: Any) -> Any:
 
 
 def _inst(gpu: _Gpu, **kw: Any) -> Any:
-    from agents.torch import Instrumentation
+    from failslow.agents.torch import Instrumentation
 
     host = iter(range(10_000_000_000, 10**12, 1_000_000_000))  # host clock: +1 s per reading
     return Instrumentation(
@@ -182,7 +183,7 @@ def test_broken_events_are_counted_and_never_raise(group: None) -> None:
         def elapsed_time(self, end: _Event) -> float:
             raise RuntimeError("event not recorded")
 
-    from agents.torch import Instrumentation
+    from failslow.agents.torch import Instrumentation
 
     gpu = _Gpu()
     inst = Instrumentation(
@@ -204,7 +205,7 @@ def test_broken_events_are_counted_and_never_raise(group: None) -> None:
 
 
 def test_cpu_tensors_use_the_wall_clock_by_default(group: None) -> None:
-    from agents.torch import Instrumentation
+    from failslow.agents.torch import Instrumentation
 
     made = []
     inst = Instrumentation(
@@ -242,7 +243,7 @@ def test_timed_group_forwards_failures_and_untimed_methods(group: None) -> None:
 
 
 def test_watchdog_sleeps_until_the_oldest_call_in_flight_is_due() -> None:
-    from agents.torch import Instrumentation
+    from failslow.agents.torch import Instrumentation
 
     now = [100 * 10**9]
     inst = Instrumentation(

@@ -15,7 +15,7 @@ torch = pytest.importorskip(
 )
 mp = pytest.importorskip("torch.multiprocessing")
 
-from agents import wire  # noqa: E402
+from failslow.agents import wire  # noqa: E402
 
 WORLD = 2
 
@@ -70,8 +70,8 @@ class _null:
 def _worker(rank: int, port: int, spool: str, out: str) -> None:
     import torch.distributed as dist
 
-    from agents.sdk import Recorder
-    from agents.torch import Instrumentation
+    from failslow.agents.sdk import Recorder
+    from failslow.agents.torch import Instrumentation
 
     _init(rank, port)
     plain = _train(6, None)
@@ -203,8 +203,8 @@ def test_two_gloo_ranks_record_everything_and_train_identically(tmp_path: Path) 
 def _worker_losses(rank: int, port: int, world: int, spool: str, out: str) -> None:
     import torch.distributed as dist
 
-    from agents.sdk import Recorder
-    from agents.torch import Instrumentation
+    from failslow.agents.sdk import Recorder
+    from failslow.agents.torch import Instrumentation
 
     _init(rank, port, world)
     plain = _train(8, None)

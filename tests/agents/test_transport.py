@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from agents.transport import Backoff, retry_after
+from failslow.agents.transport import Backoff, retry_after
 
 
 def test_full_jitter_backoff_is_bounded_and_grows() -> None:

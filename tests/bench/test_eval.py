@@ -47,11 +47,11 @@ def test_tcpd_metrics_reproduce_every_published_default_score() -> None:
 def test_osdi_traces_through_the_pipeline(trace: str) -> None:
     pytest.importorskip("pyarrow")
     from bench.eval.osdi import judge, to_envelopes
-    from detectors.pipeline import JobPipeline
-    from service.detection.shape import job_shape
-    from service.ingest.validate import parse_envelope
-    from service.jobs.state import JobState
-    from service.settings import DetectionSettings, StateSettings
+    from failslow.detectors.pipeline import JobPipeline
+    from failslow.service.detection.shape import job_shape
+    from failslow.service.ingest.validate import parse_envelope
+    from failslow.service.jobs.state import JobState
+    from failslow.service.settings import DetectionSettings, StateSettings
 
     d = DetectionSettings()
     state = JobState(trace, StateSettings())

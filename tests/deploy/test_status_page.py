@@ -13,10 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.settings import DetectionSettings, Settings
+from failslow.service.settings import DetectionSettings, Settings
 from tests.live import live_service, wait_for
 
-CLI = [sys.executable, "-m", "service.cli"]
+CLI = [sys.executable, "-m", "failslow.cli"]
 DRIVER = shutil.which("chromedriver")
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detectors.changepoint import (
+from failslow.detectors.changepoint import (
     BOCPD,
     OnlineChangeDetector,
     find_change_points,

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detectors.registry import PEER, SERIES
-from detectors.types import KIND_INDEX, KINDS, Frame, JobShape, PeerGroups
+from failslow.detectors.registry import PEER, SERIES
+from failslow.detectors.types import KIND_INDEX, KINDS, Frame, JobShape, PeerGroups
 
 # -- series detectors -----------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from detectors.hang import BlockedCollective, HangDetector, HangSnapshot
+from failslow.detectors.hang import BlockedCollective, HangDetector, HangSnapshot
 
 S = 1_000_000_000
 NOW = 100 * S

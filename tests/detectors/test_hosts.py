@@ -1,6 +1,6 @@
 import numpy as np
 
-from detectors.hosts import host_outlier_scores
+from failslow.detectors.hosts import host_outlier_scores
 
 
 def test_robust_covariance_names_the_odd_host_among_many() -> None:

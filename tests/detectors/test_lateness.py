@@ -2,7 +2,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from detectors.lateness import collective_lateness
+from failslow.detectors.lateness import collective_lateness
 
 
 def test_last_arriver_has_the_shortest_duration_and_all_the_lateness() -> None:

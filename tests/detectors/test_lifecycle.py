@@ -1,6 +1,6 @@
 import numpy as np
 
-from detectors.lifecycle import ConditionTracker, run_start
+from failslow.detectors.lifecycle import ConditionTracker, run_start
 
 
 def feed(

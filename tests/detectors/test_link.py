@@ -6,7 +6,7 @@ import warnings
 
 import numpy as np
 
-from detectors.link import LinkDetector
+from failslow.detectors.link import LinkDetector
 
 
 def reference_z(frames: np.ndarray, det: LinkDetector) -> np.ndarray:

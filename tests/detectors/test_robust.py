@@ -6,7 +6,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from detectors.robust import group_median, loo_median, median_mad, nanmedian_rows, quiet_nan
+from failslow.detectors.robust import (
+    group_median,
+    loo_median,
+    median_mad,
+    nanmedian_rows,
+    quiet_nan,
+)
 
 
 def brute(x: np.ndarray) -> np.ndarray:

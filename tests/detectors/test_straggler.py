@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from detectors.straggler import PeerLatenessDetector, min_rule_lateness, peer_ratio
-from detectors.types import KIND_INDEX, KINDS, Frame, PeerGroups
+from failslow.detectors.straggler import PeerLatenessDetector, min_rule_lateness, peer_ratio
+from failslow.detectors.types import KIND_INDEX, KINDS, Frame, PeerGroups
 
 TP, DP, P2P = KIND_INDEX["tp"], KIND_INDEX["dp"], KIND_INDEX["p2p"]
 

@@ -10,7 +10,7 @@ import random
 import sys
 import time
 
-from agents.sdk import Recorder
+from failslow.agents.sdk import Recorder
 
 
 def main() -> None:

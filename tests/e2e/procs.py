@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-CLI = [sys.executable, "-m", "service.cli"]
+CLI = [sys.executable, "-m", "failslow.cli"]
 
 
 def env_for(db: Path) -> dict[str, str]:

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from service.db import make_engine
+from failslow.service.db import make_engine
 from tests.e2e.procs import CLI, env_for, start_service, stop
 from tests.live import free_port
 

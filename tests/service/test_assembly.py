@@ -6,10 +6,10 @@ import itertools
 
 import pytest
 
-from detectors.types import P2P
-from service.ingest.validate import CommAnnouncement, RecordError, parse_collective
-from service.jobs.assembly import Assembler, Outcome
-from service.jobs.topology import Topology
+from failslow.detectors.types import P2P
+from failslow.service.ingest.validate import CommAnnouncement, RecordError, parse_collective
+from failslow.service.jobs.assembly import Assembler, Outcome
+from failslow.service.jobs.topology import Topology
 from tests.helpers import MS, T0, coll
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from agents.simulator import Fault, Layout, Scenario
-from agents.simulator.engine import Noise
+from failslow.harness.simulator import Fault, Layout, Scenario
+from failslow.harness.simulator.engine import Noise
 from tests.simrun import run
 
 NOISY = Noise(checkpoint_every=40, checkpoint_s=1.0, spike_prob=0.05)

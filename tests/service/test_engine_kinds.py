@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from agents.simulator import Fault, Layout, Scenario
-from agents.simulator.engine import Noise
-from service.app import create_app
-from service.settings import Settings
+from failslow.harness.simulator import Fault, Layout, Scenario
+from failslow.harness.simulator.engine import Noise
+from failslow.service.app import create_app
+from failslow.service.settings import Settings
 
 L16 = Layout(tp=2, pp=2, dp=4, gpus_per_host=4)
 

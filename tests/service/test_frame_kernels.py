@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from bench.detection_scale import NS, add_steps, build, layouts, one_step
-from detectors.lateness import collective_stats
-from service.jobs import kernels
-from service.jobs.frames import FrameBuilder
+from failslow.detectors.lateness import collective_stats
+from failslow.service.jobs import kernels
+from failslow.service.jobs.frames import FrameBuilder
 
 pytestmark = pytest.mark.skipif(not kernels.AVAILABLE, reason="numba is not installed")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.ingest.validate import parse_envelope
-from service.jobs.state import JobState
-from service.settings import StateSettings
+from failslow.service.ingest.validate import parse_envelope
+from failslow.service.jobs.state import JobState
+from failslow.service.settings import StateSettings
 from tests.helpers import MS, T0, coll, envelope, step, two_hosts
 
 

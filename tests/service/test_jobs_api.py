@@ -7,9 +7,9 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from agents.simulator import Fault, Layout, Scenario
-from service.app import create_app
-from service.settings import Settings
+from failslow.harness.simulator import Fault, Layout, Scenario
+from failslow.service.app import create_app
+from failslow.service.settings import Settings
 
 pytestmark = pytest.mark.both_databases  # storage and API: SQLite and PostgreSQL
 
@@ -190,7 +190,7 @@ def test_openapi_matches_the_spec(streamed) -> None:  # type: ignore[no-untyped-
 def test_history_is_downsampled_per_rank_and_job(streamed) -> None:  # type: ignore[no-untyped-def]
     from sqlalchemy import select
 
-    from service.jobs.models import JobHistory, RankHistory
+    from failslow.service.jobs.models import JobHistory, RankHistory
 
     client, _ = streamed
     ctx = client.app.state.ctx

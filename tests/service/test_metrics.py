@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from agents.simulator import Fault, Layout, Scenario
-from service.app import create_app
-from service.settings import DetectionSettings, Settings
+from failslow.harness.simulator import Fault, Layout, Scenario
+from failslow.service.app import create_app
+from failslow.service.settings import DetectionSettings, Settings
 from tests.helpers import MS, T0, coll, envelope, two_hosts
 
 

@@ -7,8 +7,15 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
 
-from service.db import check_ready, current_revision, downgrade, head_revision, make_engine, upgrade
-from service.models import Base
+from failslow.service.db import (
+    check_ready,
+    current_revision,
+    downgrade,
+    head_revision,
+    make_engine,
+    upgrade,
+)
+from failslow.service.models import Base
 
 pytestmark = pytest.mark.both_databases  # storage and API: SQLite and PostgreSQL
 
@@ -59,7 +66,7 @@ def test_models_and_migrations_agree(db_url: str) -> None:
 
 
 def test_cli_db_commands(db_url: str, capsys) -> None:  # type: ignore[no-untyped-def]
-    from service.cli import main
+    from failslow.cli import main
 
     assert main(["db", "upgrade", "--database-url", db_url]) == 0
     assert f"database at {head_revision()}" in capsys.readouterr().out

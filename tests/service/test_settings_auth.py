@@ -6,8 +6,8 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from service.app import create_app
-from service.settings import AuthSettings, Settings, hash_token
+from failslow.service.app import create_app
+from failslow.service.settings import AuthSettings, Settings, hash_token
 from tests.helpers import envelope
 
 
@@ -35,7 +35,7 @@ def test_invalid_detection_settings_are_refused(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_cli_refuses_public_bind_without_tokens() -> None:
-    from service.cli import main
+    from failslow.cli import main
 
     with pytest.raises(SystemExit, match="refusing to bind"):
         main(["serve", "--host", "0.0.0.0", "--port", "0"])
@@ -78,7 +78,7 @@ def test_roles(secured: TestClient) -> None:
 
 
 def test_token_command_prints_a_usable_hash(capsys) -> None:  # type: ignore[no-untyped-def]
-    from service.cli import main
+    from failslow.cli import main
 
     main(["token", "--token", "s3cret"])
     assert hash_token("s3cret") in capsys.readouterr().out

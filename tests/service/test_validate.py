@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.ingest.validate import (
+from failslow.service.ingest.validate import (
     RecordError,
     _parse_collective_slow,
     parse_collective,
@@ -17,7 +17,7 @@ from service.ingest.validate import (
     parse_rank,
     parse_step,
 )
-from service.ingest.wire import normalise_op
+from failslow.service.ingest.wire import normalise_op
 
 ints = st.one_of(
     st.integers(-5, 2**64),
@@ -94,7 +94,7 @@ def test_other_record_kinds() -> None:
 
 
 def test_envelope_lists_every_problem_at_once() -> None:
-    from service.errors import InvalidEnvelope
+    from failslow.service.errors import InvalidEnvelope
 
     with pytest.raises(InvalidEnvelope) as info:
         parse_envelope({"job": "", "sent_ns": -1, "steps": "x"})

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.actions.actuators.base import ActionRequest, ActuatorError
+from failslow.service.actions.actuators.base import ActionRequest, ActuatorError
 
 
 class KubernetesActuator:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from service.actions.actuators.base import ActionRequest
+from failslow.service.actions.actuators.base import ActionRequest
 
 log = logging.getLogger("failslow.actions")
 

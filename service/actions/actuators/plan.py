@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from service.actions.actuators.base import ActionRequest
+from failslow.service.actions.actuators.base import ActionRequest
 
 Publish = Callable[[ActionRequest], dict[str, Any]]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from service.actions.actuators.base import ActionRequest, Actuator
-from service.actions.actuators.log import LogActuator
-from service.actions.actuators.plan import PlanActuator
-from service.settings import ActionsSettings
+from failslow.service.actions.actuators.base import ActionRequest, Actuator
+from failslow.service.actions.actuators.log import LogActuator
+from failslow.service.actions.actuators.plan import PlanActuator
+from failslow.service.settings import ActionsSettings
 
 
 def build_actuators(
@@ -21,11 +21,11 @@ def build_actuators(
         elif name == "plan":
             out[name] = PlanActuator(publish=publish)
         elif name == "webhook":
-            from service.actions.actuators.webhook import WebhookActuator
+            from failslow.service.actions.actuators.webhook import WebhookActuator
 
             out[name] = WebhookActuator(url=settings.webhook_url, secret=settings.webhook_secret)
         elif name == "kubernetes":
-            from service.actions.actuators.kubernetes import KubernetesActuator
+            from failslow.service.actions.actuators.kubernetes import KubernetesActuator
 
             out[name] = KubernetesActuator(
                 namespace=settings.kubernetes_namespace,
@@ -34,7 +34,7 @@ def build_actuators(
                 in_cluster=settings.kubernetes_in_cluster,
             )
         elif name == "slurm":
-            from service.actions.actuators.slurm import SlurmActuator
+            from failslow.service.actions.actuators.slurm import SlurmActuator
 
             out[name] = SlurmActuator(
                 scontrol=settings.slurm_scontrol, conf=settings.slurm_conf or None

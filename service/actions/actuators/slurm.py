@@ -12,7 +12,7 @@ import shlex
 import subprocess
 from typing import Any
 
-from service.actions.actuators.base import ActionRequest, ActuatorError
+from failslow.service.actions.actuators.base import ActionRequest, ActuatorError
 
 
 class SlurmActuator:

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import orjson
 
-from service.actions.actuators.base import ActionRequest, ActuatorError
+from failslow.service.actions.actuators.base import ActionRequest, ActuatorError
 
 
 def sign(secret: str, body: bytes) -> str:

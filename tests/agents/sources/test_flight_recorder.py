@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.sources import flight_recorder as fr
+from failslow.agents.sources import flight_recorder as fr
 from tests.helpers import SHARED
 
 FIXTURES = SHARED / "fixtures" / "telemetry"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from agents.sources import nccl_inspector as ni
+from failslow.agents.sources import nccl_inspector as ni
 from tests.helpers import SHARED
 
 FIXTURES = SHARED / "fixtures" / "telemetry"
@@ -113,8 +113,8 @@ def test_unknown_communicators_are_not_guessed() -> None:
 
 
 def test_the_agent_delivers_inspector_dumps_once_each(tmp_path: Path, db_url: str) -> None:
-    from agents.agent import NodeAgent
-    from service.settings import Settings
+    from failslow.agents.agent import NodeAgent
+    from failslow.service.settings import Settings
     from tests.live import live_service, wait_for
 
     dumps = tmp_path / "inspector"

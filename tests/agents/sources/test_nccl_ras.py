@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from agents.sources import nccl_ras as ras
+from failslow.agents.sources import nccl_ras as ras
 from tests.helpers import SHARED
 
 FIXTURES = SHARED / "fixtures" / "telemetry"

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from service.actions import service as actions
-from service.actions.models import Action
-from service.actions.policy import ActionSpec
-from service.app import create_app
-from service.db import session_scope
-from service.incidents import service as incidents
-from service.settings import ActionsSettings, AuthSettings, DetectionSettings, Settings
+from failslow.service.actions import service as actions
+from failslow.service.actions.models import Action
+from failslow.service.actions.policy import ActionSpec
+from failslow.service.app import create_app
+from failslow.service.db import session_scope
+from failslow.service.incidents import service as incidents
+from failslow.service.settings import ActionsSettings, AuthSettings, DetectionSettings, Settings
 from tests.helpers import T0, envelope, two_hosts
 
 pytestmark = pytest.mark.both_databases  # storage and API: SQLite and PostgreSQL

@@ -18,9 +18,9 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from service.actions.actuators.base import ActionRequest, run
-from service.actions.actuators.slurm import SlurmActuator
-from service.actions.actuators.webhook import WebhookActuator
+from failslow.service.actions.actuators.base import ActionRequest, run
+from failslow.service.actions.actuators.slurm import SlurmActuator
+from failslow.service.actions.actuators.webhook import WebhookActuator
 
 REQ = ActionRequest(
     id="act_1",
@@ -179,7 +179,7 @@ def _kube_body(method: str, path: str) -> Any:
 
 def test_kubernetes_cordons_the_node_and_evicts_the_jobs_pods() -> None:
     pytest.importorskip("kubernetes")
-    from service.actions.actuators.kubernetes import KubernetesActuator
+    from failslow.service.actions.actuators.kubernetes import KubernetesActuator
 
     r = Receiver(body=_kube_body)
     try:
@@ -203,7 +203,7 @@ def test_kubernetes_cordons_the_node_and_evicts_the_jobs_pods() -> None:
 
 def test_kubernetes_api_errors_become_a_failed_outcome() -> None:
     pytest.importorskip("kubernetes")
-    from service.actions.actuators.kubernetes import KubernetesActuator
+    from failslow.service.actions.actuators.kubernetes import KubernetesActuator
 
     r = Receiver(statuses=[403], body=_kube_body)
     try:

@@ -1,5 +1,6 @@
 """Acceptance of the mitigation loop: a simulated job streams into the real app and follows the
-plan it publishes (``agents.simulator.closedloop``); step times are the simulation's own."""
+plan it publishes (``failslow.harness.simulator.closedloop``); step times are the simulation's
+own."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from agents.simulator import Fault, Layout, Scenario, closedloop
-from agents.simulator.engine import Workload
-from service.app import create_app
-from service.settings import ActionsSettings, DetectionSettings, Settings
+from failslow.harness.simulator import Fault, Layout, Scenario, closedloop
+from failslow.harness.simulator.engine import Workload
+from failslow.service.app import create_app
+from failslow.service.settings import ActionsSettings, DetectionSettings, Settings
 
 pytestmark = pytest.mark.slow
 COSTS = {"notify": 0.0, "rebalance": 5.0, "replan": 5.0, "isolate": 0.0, "restart": 600.0}

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.plans.compute import (
+from failslow.service.plans.compute import (
     avoid_edges,
     group_host,
     makespan,

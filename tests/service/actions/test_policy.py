@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from service.actions.policy import (
+from failslow.service.actions.policy import (
     Budgets,
     History,
     IncidentView,
@@ -228,7 +228,7 @@ def test_an_ambiguous_link_is_never_isolated():
 
 
 def test_restore_equal_shares_only_when_everyone_is_back_to_full_speed():
-    from service.actions.policy import decide_restore
+    from failslow.service.actions.policy import decide_restore
 
     kw = {"version": 3, "budgets": BUDGETS}
     shares = [9, 9, 5, 9]

@@ -13,11 +13,11 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from agents.probe import EchoServer, ProbeWorker, measure
-from service.db import make_engine, make_sessionmaker, session_scope
-from service.incidents.models import Incident
-from service.incidents.service import IncidentDraft, open_incident
-from service.settings import ActionsSettings, DetectionSettings, ProbeSettings, Settings
+from failslow.agents.probe import EchoServer, ProbeWorker, measure
+from failslow.service.db import make_engine, make_sessionmaker, session_scope
+from failslow.service.incidents.models import Incident
+from failslow.service.incidents.service import IncidentDraft, open_incident
+from failslow.service.settings import ActionsSettings, DetectionSettings, ProbeSettings, Settings
 from tests.helpers import T0, envelope
 from tests.live import live_service, wait_for
 
@@ -99,7 +99,7 @@ def test_probes_name_the_slow_nic_inside_an_ambiguous_ring(service: str, db_url:
         assert len(used) == len(set(used))
     # the detectors' later updates keep the probes' conclusion
     with session_scope(make_sessionmaker(make_engine(db_url))) as s:
-        from service.incidents.service import refresh_incident
+        from failslow.service.incidents.service import refresh_incident
 
         row = s.scalars(select(Incident).where(Incident.id == incident)).one()
         refresh_incident(

@@ -8,7 +8,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.probes.schedule import PairResult, analyse, hypercube, plan_rounds
+from failslow.service.probes.schedule import PairResult, analyse, hypercube, plan_rounds
 
 
 def _hosts(n: int) -> list[str]:

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from agents.lab import run as lab_run
-from agents.lab import system
-from service.cli import main as cli_main
+from failslow.cli import main as cli_main
+from failslow.harness.lab import run as lab_run
+from failslow.harness.lab import system
 from tests.live import free_port
 
 
@@ -96,7 +96,7 @@ def test_lab_smoke_finds_a_cpu_starved_rank_and_cleans_up(tmp_path: Path) -> Non
     out = tmp_path / "lab.json"
     prefix = "fst"
     argv = [
-        sys.executable, "-m", "service.cli", "lab", "--ranks", "4", "--fault", "compute",
+        sys.executable, "-m", "failslow.cli", "lab", "--ranks", "4", "--fault", "compute",
         "--warmup", "40", "--hold-steps", "5", "--settle-steps", "5", "--prefix", prefix,
         "--net", "78", "--port", str(free_port()), "--json", str(out),
         "--workdir", str(tmp_path / "work"),

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from agents.simulator import Fault, Layout, Scenario
-from agents.simulator.engine import Noise, Simulation, Workload
+from failslow.harness.simulator import Fault, Layout, Scenario
+from failslow.harness.simulator.engine import Noise, Simulation, Workload
 
 LAY = Layout(tp=1, pp=1, dp=4, gpus_per_host=1)  # 4 hosts, one rank each, one dp ring
 

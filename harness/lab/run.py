@@ -1,9 +1,10 @@
 """``failslow lab``: real faults injected into a real PyTorch job, found by the real service.
 
-N ranks of :mod:`agents.lab.train` (gloo, CPU; tensor-parallel pairs x data-parallel DDP), each in
-its own network namespace (``node-<i>``) on a Linux bridge, each with its own node agent in that
-namespace shipping the ranks' telemetry to a failslow service (started here unless ``--service``
-is given; it listens on the bridge address). After a warm-up, faults are injected one at a time
+N ranks of :mod:`failslow.harness.lab.train` (gloo, CPU; tensor-parallel pairs x data-parallel
+DDP), each in its own network namespace (``node-<i>``) on a Linux bridge, each with its own node
+agent in that namespace shipping the ranks' telemetry to a failslow service (started here unless
+``--service`` is given; it listens on the bridge address). After a warm-up, faults are injected one
+at a time
 into one rank (``--target``) and removed again:
 
 * ``compute``: the rank's process into a cgroup v1 ``cpu`` group with a quota (default 25% of a
@@ -38,7 +39,7 @@ from typing import Any
 
 import httpx
 
-from agents.lab.system import CpuQuota, LabError, LabNetwork, cleanup_stale, preflight
+from failslow.harness.lab.system import CpuQuota, LabError, LabNetwork, cleanup_stale, preflight
 
 FAULTS = ("compute", "link", "hang")
 EXPECTED = {"compute": "slow_gpu", "link": "slow_link", "hang": "hang"}
@@ -130,7 +131,7 @@ class Lab:
             "FAILSLOW_AUTH__READ_TOKENS": self.token,
             "FAILSLOW_AUTH__OPERATOR_TOKENS": self.token,
         }
-        argv = [sys.executable, "-m", "service.cli", "serve", "--host", self.net.gateway]
+        argv = [sys.executable, "-m", "failslow.cli", "serve", "--host", self.net.gateway]
         self._spawn("service", [*argv, "--port", str(port)], env, nice=5)
         self._wait_ready(60.0)
 
@@ -150,7 +151,7 @@ class Lab:
         for i in range(self.n):
             sock = str(self.work / f"{self.host(i)}.sock")
             agent = [
-                sys.executable, "-m", "service.cli", "agent", "--service", self.url,
+                sys.executable, "-m", "failslow.cli", "agent", "--service", self.url,
                 "--job", self.job, "--host", self.host(i), "--socket", sock,
                 "--state-dir", str(self.work / "agents" / self.host(i)),
                 "--token", self.args.token or self.token,
@@ -169,7 +170,7 @@ class Lab:
         (self.work / "stop").unlink(missing_ok=True)
         for i in range(self.n):
             train = [
-                sys.executable, "-m", "agents.lab.train", "--rank", str(i),
+                sys.executable, "-m", "failslow.harness.lab.train", "--rank", str(i),
                 "--world", str(self.n), "--tp", str(self.args.tp),
                 "--master", f"{self.net.ip(0)}:29500", "--job", self.job,
                 "--socket", str(self.work / f"{self.host(i)}.sock"),

@@ -6,10 +6,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from agents.simulator.engine import Network, Noise, Simulation, Workload
-from agents.simulator.faults import Fault
-from agents.simulator.layout import Layout
-from agents.wire import collective_dict, step_dict
+from failslow.agents.wire import collective_dict, step_dict
+from failslow.harness.simulator.engine import Network, Noise, Simulation, Workload
+from failslow.harness.simulator.faults import Fault
+from failslow.harness.simulator.layout import Layout
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from agents.lab import system
+from failslow.harness.lab import system
 
 missing = system.preflight()
 pytestmark = pytest.mark.skipif(bool(missing), reason="fault lab needs " + "; ".join(missing))

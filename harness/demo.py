@@ -23,10 +23,10 @@ from typing import Any
 
 import httpx
 
-from agents.plan import PlanClient
-from agents.sdk import Recorder
-from agents.simulator import Fault, Layout, Scenario, closedloop
-from agents.simulator.engine import Noise, Simulation, Workload
+from failslow.agents.plan import PlanClient
+from failslow.agents.sdk import Recorder
+from failslow.harness.simulator import Fault, Layout, Scenario, closedloop
+from failslow.harness.simulator.engine import Noise, Simulation, Workload
 
 JOB = "demo-llm-64"
 MICROBATCHES = 8
@@ -139,7 +139,7 @@ class Demo:
                 "PYTHONUNBUFFERED": "1",
             }
         )
-        cli = [sys.executable, "-m", "service.cli"]
+        cli = [sys.executable, "-m", "failslow.cli"]
         self.term.line(
             self.term.c(BOLD, "failslow demo")
             + f": service on {self.url}, logs in {self.work}/logs"

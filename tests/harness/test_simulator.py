@@ -6,9 +6,9 @@ from collections import defaultdict
 
 import pytest
 
-from agents.simulator import Fault, Layout, Scenario
-from agents.simulator.engine import Noise, Simulation, Workload
-from agents.simulator.scenario import parse_fault
+from failslow.harness.simulator import Fault, Layout, Scenario
+from failslow.harness.simulator.engine import Noise, Simulation, Workload
+from failslow.harness.simulator.scenario import parse_fault
 
 SMALL = Layout(tp=2, pp=2, dp=2, gpus_per_host=4)
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import orjson
 
-from agents.transport import Backoff, Sender
-from agents.wire import encode_envelope
+from failslow.agents.transport import Backoff, Sender
+from failslow.agents.wire import encode_envelope
 
 
 def replay(

@@ -1,7 +1,8 @@
-"""The ``failslow`` command line: serve, db, token, agent, simulate, replay, demo.
+"""The ``failslow`` command line: serve, db, token, eval, agent, simulate, replay, demo, lab.
 
-This module is the composition root for commands: it imports ``agents`` lazily, inside the
-commands that need it, so the service package itself never depends on the agents.
+The composition root of the commands: it sits above the service, the agents and the harness and
+imports each lazily, inside the commands that need it, so that none of them depends on another
+through the CLI (and ``failslow agent`` never loads the service).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pydantic import ValidationError
 
 
 def _settings(args: argparse.Namespace) -> object:
-    from service.settings import Settings
+    from failslow.service.settings import Settings
 
     overrides: dict[str, object] = {}
     for name in ("host", "port", "database_url", "log_level"):
@@ -35,7 +36,7 @@ def _settings(args: argparse.Namespace) -> object:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from service.app import create_app
+    from failslow.service.app import create_app
 
     settings = _settings(args)
     logging.basicConfig(
@@ -54,7 +55,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_db(args: argparse.Namespace) -> int:
-    from service.db import current_revision, downgrade, head_revision, make_engine, upgrade
+    from failslow.service.db import current_revision, downgrade, head_revision, make_engine, upgrade
 
     settings = _settings(args)
     engine = make_engine(settings.database_url)  # type: ignore[attr-defined]
@@ -70,7 +71,7 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 
 def cmd_token(args: argparse.Namespace) -> int:
-    from service.settings import hash_token
+    from failslow.service.settings import hash_token
 
     token = args.token or secrets.token_urlsafe(32)
     print(f"token: {token}")
@@ -122,9 +123,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.set_defaults(func=None, eval=True)
 
-    from agents.cli import register as register_agent_commands  # noqa: PLC0415
+    from failslow.agents.cli import register as register_agent_commands  # noqa: PLC0415
+    from failslow.harness.cli import register as register_harness_commands  # noqa: PLC0415
 
     register_agent_commands(sub)
+    register_harness_commands(sub)
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["eval"]:

@@ -3,8 +3,9 @@
 ``world = tp x dp`` ranks. Each tensor-parallel group of ``tp`` consecutive ranks holds one copy of
 the model split the Megatron way (column-parallel first layer, row-parallel second: one
 all-reduce in the forward pass and one in the backward pass per step); data-parallel groups (ranks
-``j, j + tp, ...``) average gradients with DDP. Every collective goes through ``agents.torch``'s
-instrumentation (the DDP gradient all-reduce through its comm hook) to the node agent's socket.
+``j, j + tp, ...``) average gradients with DDP. Every collective goes through
+``failslow.agents.torch``'s instrumentation (the DDP gradient all-reduce through its comm hook) to
+the node agent's socket.
 
 Progress goes to ``--progress`` (one JSON line per step: step, start_ns, end_ns, loss), which the
 lab reads to date faults in steps. The job stops at the step written to ``--stop-file`` (the lab
@@ -156,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
 
     inst = None
     if not args.no_instrument and (args.socket or args.spool):
-        from agents.sdk import Recorder
-        from agents.torch import Instrumentation
+        from failslow.agents.sdk import Recorder
+        from failslow.agents.torch import Instrumentation
 
         recorder = Recorder(
             args.job, socket_path=args.socket, spool_dir=args.spool, flush_interval_s=0.5

@@ -3,8 +3,8 @@
 After every batch of envelopes the driver asks the service to evaluate the job
 (``POST /v1/jobs/{job}/evaluate``: detection, then the mitigation policy), lets an optional
 operator callback approve or reject proposed actions over REST, polls the plan with
-:class:`agents.plan.PlanClient` and makes the simulation apply a new version at its next step
-boundary. Step times are taken from the simulation's own step records (ground truth).
+:class:`failslow.agents.plan.PlanClient` and makes the simulation apply a new version at its next
+step boundary. Step times are taken from the simulation's own step records (ground truth).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Any
 import httpx
 import orjson
 
-from agents.plan import Plan, PlanClient
-from agents.simulator.engine import Simulation
-from agents.simulator.scenario import Scenario
+from failslow.agents.plan import Plan, PlanClient
+from failslow.harness.simulator.engine import Simulation
+from failslow.harness.simulator.scenario import Scenario
 
 Operator = Callable[[dict[str, Any]], tuple[bool, str] | None]  # action -> (approve?, why)
 
@@ -85,8 +85,8 @@ def run(
     """Stream ``scenario`` into the service at ``http`` (base URL set) and close the loop.
 
     ``ack``: acknowledge each plan with the step the simulation applies it from (as
-    :meth:`agents.plan.PlanClient.ack`); without it the service assumes the plan applied after
-    its acknowledgement timeout.
+    :meth:`failslow.agents.plan.PlanClient.ack`); without it the service assumes the plan applied
+    after its acknowledgement timeout.
     """
     job = scenario.job
     sim = scenario.simulation()

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from agents.simulator.faults import Fault
-from agents.simulator.layout import CommSpec, Layout
+from failslow.harness.simulator.faults import Fault
+from failslow.harness.simulator.layout import CommSpec, Layout
 
 ALG_FACTOR = {
     "allreduce": lambda n: 2 * (n - 1) / n,

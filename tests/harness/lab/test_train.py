@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("torch", reason="PyTorch not installed (optional extra failslow[torch])")
 
-from agents import wire  # noqa: E402
-from agents.lab.train import groups  # noqa: E402
+from failslow.agents import wire  # noqa: E402
+from failslow.harness.lab.train import groups  # noqa: E402
 from tests.live import free_port  # noqa: E402
 
 STEPS = 6
@@ -26,7 +26,7 @@ def _run(tmp: Path, tag: str, instrument: bool) -> list[list[float]]:
     procs = []
     for r in range(4):
         argv = [
-            sys.executable, "-m", "agents.lab.train", "--rank", str(r), "--world", "4",
+            sys.executable, "-m", "failslow.harness.lab.train", "--rank", str(r), "--world", "4",
             "--master", f"127.0.0.1:{port}", "--steps", str(STEPS), "--batch", "64",
             "--hidden", "256", "--progress", str(tmp / f"{tag}-{r}.jsonl"),
         ]  # fmt: skip

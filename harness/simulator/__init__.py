@@ -4,9 +4,9 @@ Used by ``failslow simulate``, ``make demo``, the tests and the evaluation harne
 same v1 records a real agent would, from each host's own (slightly offset) clock.
 """
 
-from agents.simulator.engine import Simulation
-from agents.simulator.faults import Fault
-from agents.simulator.layout import Layout
-from agents.simulator.scenario import Scenario
+from failslow.harness.simulator.engine import Simulation
+from failslow.harness.simulator.faults import Fault
+from failslow.harness.simulator.layout import Layout
+from failslow.harness.simulator.scenario import Scenario
 
 __all__ = ["Fault", "Layout", "Scenario", "Simulation"]

@@ -1,0 +1,7 @@
+"""``python -m failslow``: the ``failslow`` command."""
+
+import sys
+
+from failslow.cli import main
+
+sys.exit(main())
