@@ -30,13 +30,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import save  # noqa: E402
 from failslow.detectors.pipeline import JobPipeline  # noqa: E402
 from failslow.detectors.types import KIND_INDEX, P2P  # noqa: E402
-from failslow.service.detection.shape import job_shape  # noqa: E402
-from failslow.service.ingest.validate import CommAnnouncement, RankAnnouncement  # noqa: E402
-from failslow.service.ingest.wire import StepRecord  # noqa: E402
-from failslow.service.jobs.assembly import ReadyBatch  # noqa: E402
-from failslow.service.jobs.frames import FrameBuilder  # noqa: E402
-from failslow.service.jobs.state import JobState  # noqa: E402
 from failslow.service.settings import StateSettings  # noqa: E402
+from failslow.service.stream.assembly import ReadyBatch  # noqa: E402
+from failslow.service.stream.frames import FrameBuilder  # noqa: E402
+from failslow.service.stream.records import (  # noqa: E402
+    CommAnnouncement,
+    RankAnnouncement,
+    StepRecord,
+)
+from failslow.service.stream.shape import job_shape  # noqa: E402
+from failslow.service.stream.state import JobState  # noqa: E402
 
 TP, PP, GPUS = 8, 4, 8
 STEADY = 210  # frames before every detector history is full

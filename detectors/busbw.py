@@ -9,25 +9,15 @@ from __future__ import annotations
 
 import numpy as np
 
-OP_CODES = (
-    "allreduce",
-    "allgather",
-    "reducescatter",
-    "broadcast",
-    "reduce",
-    "alltoall",
-    "barrier",
-    "send",
-)
-OP_INDEX = {op: i for i, op in enumerate(OP_CODES)}
+from failslow.detectors.vocab import Op
 
 
 def bus_factor(op: str, n: int) -> float:
-    if n < 2 or op == "barrier":
+    if n < 2 or op == Op.BARRIER:
         return 0.0
-    if op == "allreduce":
+    if op == Op.ALLREDUCE:
         return 2.0 * (n - 1) / n
-    if op in ("allgather", "reducescatter", "alltoall"):
+    if op in (Op.ALLGATHER, Op.REDUCESCATTER, Op.ALLTOALL):
         return (n - 1) / n
     return 1.0  # broadcast, reduce, send/recv
 

@@ -10,17 +10,16 @@ import numpy as np
 from failslow.detectors.changepoint import segment_window
 from failslow.detectors.lifecycle import run_start
 from failslow.detectors.robust import quiet_nan
-
-KINDS = ("slow_gpu", "slow_node", "slow_link", "hang", "job_slowdown")
+from failslow.detectors.vocab import FindingStatus, IncidentKind, Subject
 
 
 @dataclass(frozen=True, slots=True)
 class Finding:
     """A change of a persistent condition, with the numbers and the reason behind it."""
 
-    kind: str
-    status: str  # "opened" | "updated" | "resolved"
-    subject: str  # "rank:12", "host:node-3", "link:a|b", "job"
+    kind: IncidentKind
+    status: FindingStatus
+    subject: Subject  # a rank slot, a host, host pairs, or the job
     slots: tuple[int, ...]  # rank slots (culprits, or a hang's roots)
     hosts: tuple[str, ...]
     onset_index: int | None

@@ -32,6 +32,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from failslow.detectors.defaults import DEFAULTS
+
 
 @dataclass(frozen=True, slots=True)
 class BlockedCollective:
@@ -72,11 +74,11 @@ class HangDetector:
         self,
         *,
         timeout_factor: float = 20.0,
-        floor_s: float = 2.0,
-        dead_after_s: float = 5.0,
+        floor_s: float = DEFAULTS.hang_floor_s,
+        dead_after_s: float = DEFAULTS.dead_after_s,
         stall_factor: float = 10.0,
         stall_floor_s: float = 10.0,
-        startup_s: float = 60.0,
+        startup_s: float = DEFAULTS.hang_startup_s,
     ) -> None:
         self.startup_s = startup_s
         self.timeout_factor = timeout_factor

@@ -10,9 +10,13 @@ as route-flap damping does, so an intermittent fault stays one incident.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import numpy as np
+
+K = TypeVar("K", bound=Hashable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,15 +143,15 @@ def run_start(flags: np.ndarray, *, max_gap: int = 1) -> int:
     return start
 
 
-class KeyedTracker:
-    """A :class:`ConditionTracker` over subjects named by strings (hosts, links, the job)."""
+class KeyedTracker(Generic[K]):
+    """A :class:`ConditionTracker` over subjects named by hashable keys (hosts, links, the job)."""
 
     def __init__(self, **kwargs: int) -> None:
         self.tracker = ConditionTracker(**kwargs)
-        self.index: dict[str, int] = {}
-        self.names: list[str] = []
+        self.index: dict[K, int] = {}
+        self.names: list[K] = []
 
-    def _slot(self, key: str) -> int:
+    def _slot(self, key: K) -> int:
         i = self.index.get(key)
         if i is None:
             i = self.index[key] = len(self.names)
@@ -155,17 +159,17 @@ class KeyedTracker:
             self.tracker.ensure(len(self.names))
         return i
 
-    def seed_open(self, key: str) -> None:
+    def seed_open(self, key: K) -> None:
         self.tracker.seed_open(self._slot(key))
 
-    def is_open(self, key: str) -> bool:
+    def is_open(self, key: K) -> bool:
         i = self.index.get(key)
         return i is not None and bool(self.tracker.open[i])
 
     def update(
-        self, suspect: set[str], elevated: set[str], strong: set[str] | None = None
-    ) -> tuple[list[str], list[str]]:
-        """Advance one frame for every known subject; returns (opened, resolved) names."""
+        self, suspect: set[K], elevated: set[K], strong: set[K] | None = None
+    ) -> tuple[list[K], list[K]]:
+        """Advance one frame for every known subject; returns (opened, resolved) keys."""
         strong = strong or set()
         for key in suspect | elevated:
             self._slot(key)

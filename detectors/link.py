@@ -28,8 +28,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from failslow.detectors.busbw import bus_bandwidth
+from failslow.detectors.defaults import DEFAULTS
 from failslow.detectors.robust import nanmedian_rows
 from failslow.detectors.types import Frame, JobShape
+from failslow.detectors.vocab import Subject
+
+# (hosts, transfer slowdown, candidate edges) of a suspect NIC or set of host pairs
+LinkSuspect = tuple[tuple[str, ...], float, tuple[tuple[str, str], ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +45,8 @@ class LinkScores:
     elevated: np.ndarray  # (n_comms,) bool, relaxed threshold
     host_slow_fraction: np.ndarray  # (n_hosts,) slow cross-host comms / cross-host comms with data
     beyond_noise: np.ndarray  # (n_comms,) bool: has peers, or is outside its own noise
-    suspects: dict[str, tuple[tuple[str, ...], float, tuple[tuple[str, str], ...]]]
-    # subject -> (hosts, transfer slowdown, candidate edges)
+    suspects: dict[Subject, LinkSuspect]
+    # a host (its NIC) or host pairs -> (hosts, transfer slowdown, candidate edges)
 
 
 class LinkDetector:
@@ -50,7 +55,7 @@ class LinkDetector:
     def __init__(
         self,
         *,
-        slow_ratio: float = 0.85,
+        slow_ratio: float = DEFAULTS.link_ratio,
         relax: float = 0.5,
         nic_fraction: float = 0.8,
         block: int = 10,
@@ -229,7 +234,7 @@ class LinkDetector:
 
     def _localise(
         self, shape: JobShape, n_comms: int, busbw: np.ndarray, slow: np.ndarray, own: np.ndarray
-    ) -> tuple[np.ndarray, dict[str, tuple[tuple[str, ...], float, tuple[tuple[str, str], ...]]]]:
+    ) -> tuple[np.ndarray, dict[Subject, LinkSuspect]]:
         """The single component (a host's NIC, or a cable between two hosts) whose communicators
         best match the slow ones: F1 between "crosses the component" and "is slow", over
         communicators with data. Equally good edges are reported together (ambiguous)."""
@@ -244,7 +249,7 @@ class LinkDetector:
         host_slow = np.bincount(ch_host[bad[ch_comm]], minlength=n_hosts).astype(float)
         with np.errstate(divide="ignore", invalid="ignore"):
             host_frac = np.where(host_total > 0, host_slow / host_total, np.nan)
-        suspects: dict[str, tuple[tuple[str, ...], float, tuple[tuple[str, str], ...]]] = {}
+        suspects: dict[Subject, LinkSuspect] = {}
         n_bad = int(bad.sum())
         if not n_bad:
             return host_frac, suspects
@@ -273,7 +278,7 @@ class LinkDetector:
             h = int(hosts_best[0])  # a NIC explains it at least as well as any cable
             mine = np.zeros_like(data)
             mine[ch_comm[ch_host == h]] = True
-            suspects[f"host:{shape.hosts[h]}"] = ((shape.hosts[h],), slowdown(bad & mine), ())
+            suspects[Subject.host(shape.hosts[h])] = ((shape.hosts[h],), slowdown(bad & mine), ())
             return host_frac, suspects
         ids = np.flatnonzero(f_edge >= best - tol)
         if ids.size:
@@ -282,6 +287,5 @@ class LinkDetector:
             hosts = tuple(sorted({h for pair in names for h in pair}))
             crossing = np.zeros_like(data)
             crossing[ce_comm[np.isin(ce_edge, ids)]] = True
-            subject = "link:" + ",".join(f"{a}|{b}" for a, b in names)
-            suspects[subject] = (hosts, slowdown(bad & crossing), names)
+            suspects[Subject.link(names)] = (hosts, slowdown(bad & crossing), names)
         return host_frac, suspects

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from failslow.detectors.changepoint import BOCPD, OnlineChangeDetector
+from failslow.detectors.defaults import DEFAULTS
 from failslow.detectors.straggler import PeerLatenessDetector, node_scores
 from failslow.detectors.types import Frame, JobShape
 
@@ -73,7 +74,11 @@ class PeerLateness:
 class SlowNode:
     """Ranks of hosts whose majority is slow against cross-host peers."""
 
-    def __init__(self, late_fraction: float = 0.02, compute_ratio: float = 1.05) -> None:
+    def __init__(
+        self,
+        late_fraction: float = DEFAULTS.late_fraction,
+        compute_ratio: float = DEFAULTS.compute_ratio,
+    ) -> None:
         self.peer = PeerLatenessDetector(late_fraction=late_fraction, compute_ratio=compute_ratio)
         self.late_fraction = late_fraction
         self.compute_ratio = compute_ratio

@@ -25,13 +25,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from failslow.detectors.defaults import DEFAULTS
 from failslow.detectors.robust import MAD_SCALE, group_median, loo_median
 from failslow.detectors.types import KIND_INDEX, KINDS, P2P, Frame, JobShape, PeerGroups
+from failslow.detectors.vocab import CommKind
 
 # Kinds whose members are peers doing the same thing at the same time. Pipeline comms (p2p pairs,
 # and groups spanning stages such as Megatron's embedding group) carry structural lateness:
 # stages run different schedules, so being "late" there says nothing about speed.
-SYMMETRIC = np.array([i for i, k in enumerate(KINDS) if k not in ("p2p", "pp")])
+SYMMETRIC = np.array([i for i, k in enumerate(KINDS) if k not in (CommKind.P2P, CommKind.PP)])
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +85,8 @@ class PeerLatenessDetector:
     def __init__(
         self,
         *,
-        late_fraction: float = 0.03,
-        compute_ratio: float = 1.05,
+        late_fraction: float = DEFAULTS.late_fraction,
+        compute_ratio: float = DEFAULTS.compute_ratio,
         relax: float = 0.5,
         strong: float = 3.0,
     ) -> None:
@@ -241,7 +243,7 @@ def node_scores(
     n = frame.n
     host = shape.host_of_slot[:n] if shape.host_of_slot.size >= n else np.full(n, -1)
     ratio = peer_ratio(scores.compute, shape.cross_groups)
-    late = frame.late[:, KIND_INDEX["dp"]]
+    late = frame.late[:, KIND_INDEX[CommKind.DP]]
     with np.errstate(divide="ignore", invalid="ignore"):
         late_frac = late / scores.frame_time
     relaxed_ratio = 1.0 + (compute_ratio - 1.0) * relax

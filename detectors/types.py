@@ -6,11 +6,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-# Columns of per-kind arrays. ``p2p`` holds every send/recv, whatever its comm's kind.
-KINDS = ("dp", "tp", "pp", "ep", "cp", "world", "other", "p2p")
-KIND_INDEX = {k: i for i, k in enumerate(KINDS)}
-P2P = KIND_INDEX["p2p"]
-WORLD = KIND_INDEX["world"]
+from failslow.detectors.vocab import CommKind
+
+# Columns of per-kind arrays, in CommKind's order. ``p2p`` holds every send/recv, whatever its
+# comm's kind.
+KINDS: tuple[CommKind, ...] = tuple(CommKind)
+KIND_INDEX: dict[str, int] = {k: i for i, k in enumerate(KINDS)}
+P2P = KIND_INDEX[CommKind.P2P]
+WORLD = KIND_INDEX[CommKind.WORLD]
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,7 +68,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     from failslow.harness.demo import register as register_demo
-    from failslow.harness.lab.run import register as register_lab
+    from failslow.harness.lab.cli import register as register_lab
 
     register_demo(sub)
     register_lab(sub)

@@ -14,16 +14,17 @@ from fastapi.openapi.utils import get_openapi
 from starlette.concurrency import run_in_threadpool
 
 from failslow import __version__
-from failslow.service.actions.engine import Mitigation
+from failslow.service.actions import service as actions_db
 from failslow.service.actions.router import router as actions_router
+from failslow.service.actions.scheduler import Mitigation
 from failslow.service.context import AppContext
-from failslow.service.db import make_engine, make_sessionmaker, upgrade
+from failslow.service.db import make_engine, make_sessionmaker, session_scope, upgrade
 from failslow.service.detection.engine import DetectionEngine
 from failslow.service.errors import install_handlers
 from failslow.service.incidents.router import router as incidents_router
 from failslow.service.ingest.router import router as ingest_router
-from failslow.service.ingest.schemas import Envelope
-from failslow.service.jobs.registry import JobRegistry
+from failslow.service.ingest.schemas import envelope_schema
+from failslow.service.jobs import service as jobs_db
 from failslow.service.jobs.router import router as jobs_router
 from failslow.service.live import job_samples, open_by_kind
 from failslow.service.metrics import LiveCollector, Metrics
@@ -32,6 +33,8 @@ from failslow.service.plans.router import router as plans_router
 from failslow.service.probes.manager import ProbeManager
 from failslow.service.probes.router import router as probes_router
 from failslow.service.settings import Settings
+from failslow.service.stream.registry import JobRegistry
+from failslow.service.stream.state import JobState
 from failslow.service.ui.router import router as ui_router
 
 log = logging.getLogger(__name__)
@@ -45,8 +48,7 @@ async def detection_loop(ctx: AppContext) -> None:
             await run_in_threadpool(ctx.detection.run_due)
             await run_in_threadpool(ctx.mitigation.run_due)
             await run_in_threadpool(ctx.probes.run_due)
-            for job in ctx.jobs.evict_idle():
-                ctx.detection.forget(job)
+            ctx.jobs.evict_idle()
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001
@@ -60,10 +62,20 @@ def build_context(settings: Settings) -> AppContext:
         upgrade(engine)
     sessions = make_sessionmaker(engine)
     metrics = Metrics()
-    jobs = JobRegistry(settings=settings.state, sessions=sessions)
+
+    def load(job: str) -> JobState | None:
+        with session_scope(sessions) as session:
+            return jobs_db.load_job(session, job=job, settings=settings.state)
+
+    jobs = JobRegistry(settings=settings.state, load=load)
     detection = DetectionEngine(
-        settings=settings.detection, sessions=sessions, metrics=metrics, jobs=jobs
+        settings=settings.detection,
+        sessions=sessions,
+        metrics=metrics,
+        jobs=jobs,
+        cleared_by=lambda session, incident: actions_db.fixes(session, incident=incident),
     )
+    jobs.on_evict = detection.forget  # an evicted job's detector state goes with it
     mitigation = Mitigation(
         settings=settings.actions,
         sessions=sessions,
@@ -120,10 +132,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             title=app.title, version=app.version, summary=app.summary, routes=app.routes
         )
         # The ingest body is parsed by hand (per-record rejection), so describe it explicitly.
-        defs = Envelope.model_json_schema(ref_template="#/components/schemas/{model}")
+        envelope, parts = envelope_schema("#/components/schemas/{model}")
         components = schema.setdefault("components", {}).setdefault("schemas", {})
-        components.update(defs.pop("$defs", {}))
-        components["Envelope"] = defs
+        components.update(parts)
+        components["Envelope"] = envelope
         app.openapi_schema = schema
         return schema
 

@@ -4,21 +4,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Path, Request
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from failslow.service.actions.engine import Mitigation
 from failslow.service.auth import Role, check
-from failslow.service.detection.engine import DetectionEngine
 from failslow.service.errors import Forbidden
-from failslow.service.ingest.wire import ID_RE
-from failslow.service.jobs.registry import JobRegistry
+from failslow.service.ids import IDENTIFIER
 from failslow.service.metrics import Metrics
-from failslow.service.probes.manager import ProbeManager
-from failslow.service.settings import Settings
+from failslow.service.stream.registry import JobRegistry
+
+if TYPE_CHECKING:  # the engines are built by create_app; routers only use what they hold
+    from failslow.service.actions.scheduler import Mitigation
+    from failslow.service.detection.engine import DetectionEngine
+    from failslow.service.probes.manager import ProbeManager
+    from failslow.service.settings import Settings
 
 
 @dataclass(slots=True)
@@ -72,7 +74,7 @@ def require_any(*roles: Role) -> Callable[[Request, AppContext], None]:
     return dependency
 
 
-JobId = Annotated[str, Path(pattern=ID_RE.pattern)]
+JobId = Annotated[str, Path(pattern=IDENTIFIER)]
 ReadAuth = Depends(require(Role.READ))
 IngestAuth = Depends(require(Role.INGEST))
 OperatorAuth = Depends(require(Role.OPERATOR))

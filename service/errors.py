@@ -9,6 +9,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from failslow.service.stream.registry import RegistryFull
+
 PROBLEM = "application/problem+json"
 TYPE_BASE = "https://failslow.dev/problems/"
 
@@ -138,6 +140,17 @@ def install_handlers(app: FastAPI) -> None:
             instance=request.url.path,
             errors=exc.errors,
             headers=exc.headers,
+        )
+
+    @app.exception_handler(RegistryFull)
+    async def _full(request: Request, exc: RegistryFull) -> JSONResponse:
+        return problem(
+            429,
+            "overloaded",
+            "Too many requests",
+            str(exc),
+            instance=request.url.path,
+            headers={"Retry-After": "5"},
         )
 
     @app.exception_handler(RequestValidationError)

@@ -1,9 +1,22 @@
-"""Sortable, unique identifiers (ULID: 48-bit milliseconds + 80 random bits, Crockford base32)."""
+"""Identifiers: the pattern every external id matches (``job``, ``host``, ``comm``, ``agent``),
+and the sortable unique ids failslow makes (ULID: 48-bit milliseconds + 80 random bits,
+Crockford base32)."""
 
 from __future__ import annotations
 
 import os
+import re
 import time
+
+# The spec's identifier (api-v1.md): no ``/``, since ids appear in URL paths.
+IDENTIFIER = r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$"
+_IDENTIFIER = re.compile(IDENTIFIER.removeprefix("^").removesuffix("$"))
+
+
+def is_identifier(value: object) -> bool:
+    """Whether ``value`` is an identifier, the whole of it (a trailing newline is not)."""
+    return isinstance(value, str) and _IDENTIFIER.fullmatch(value) is not None
+
 
 _ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 

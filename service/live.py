@@ -9,7 +9,7 @@ import numpy as np
 from sqlalchemy import select
 
 from failslow.service.context import AppContext
-from failslow.service.incidents.models import Incident
+from failslow.service.incidents.models import Incident, IncidentState
 from failslow.service.jobs.views import job_state_name
 from failslow.service.metrics import JobSample
 
@@ -17,7 +17,9 @@ from failslow.service.metrics import JobSample
 def _open_incidents(ctx: AppContext) -> list[tuple[str, str, list[int]]]:
     with ctx.sessions() as s:
         rows = s.execute(
-            select(Incident.job_id, Incident.kind, Incident.ranks).where(Incident.state == "open")
+            select(Incident.job_id, Incident.kind, Incident.ranks).where(
+                Incident.state == IncidentState.OPEN
+            )
         ).all()
     return [(j, k, list(r)) for j, k, r in rows]
 
@@ -39,8 +41,8 @@ def job_samples(ctx: AppContext) -> Iterator[JobSample]:
         mine = [(k, r) for j, k, r in incidents if j == state.job]
         kinds = {k for k, _ in mine}
         in_incident = {rank for _, ranks in mine for rank in ranks}
-        rt = ctx.detection.peek(state.job)
-        view = rt.pipeline.job_view() if rt is not None and rt.pipeline.count else {}
+        numbers = ctx.detection.numbers(state.job)
+        counted = numbers is not None and numbers.frames > 0
         with state.lock:
             slot_rank = list(state.topology.slot_rank)
             hosts = {r: state.topology.ranks[r].host for r in slot_rank}
@@ -50,8 +52,9 @@ def job_samples(ctx: AppContext) -> Iterator[JobSample]:
             inflight = sum(1 for e in state.assembler.pending.values() if e.finished < e.reported)
         name = job_state_name(state, kinds)
         series: list[tuple[int, str, float | None, float | None]] = []
-        if rt is not None and slot_rank:
-            score, late = rt.pipeline.rank_view()
+        scores = ctx.detection.rank_scores(state.job) if slot_rank else None
+        if scores is not None:
+            score, late = scores
             chosen = {s for s, r in enumerate(slot_rank) if r in in_incident and s < score.size}
             if top_k and score.size:
                 finite = np.flatnonzero(np.isfinite(score[: len(slot_rank)]))
@@ -64,9 +67,9 @@ def job_samples(ctx: AppContext) -> Iterator[JobSample]:
         yield JobSample(
             job=state.job,
             state=name,
-            step_time_s=view.get("step_time_s"),
-            baseline_step_time_s=view.get("baseline_step_time_s"),
-            slowdown=view.get("slowdown"),
+            step_time_s=numbers.step_time_s if counted else None,  # type: ignore[union-attr]
+            baseline_step_time_s=numbers.baseline_step_time_s if counted else None,  # type: ignore[union-attr]
+            slowdown=numbers.slowdown if counted else None,  # type: ignore[union-attr]
             ranks=len(slot_rank),
             hosts=n_hosts,
             stale_hosts=stale_hosts,

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 from failslow.detectors.pipeline import Finding, JobPipeline
 from failslow.harness.simulator import Scenario
-from failslow.service.detection.shape import blocked_collectives, hang_snapshot, job_shape
-from failslow.service.ingest.validate import parse_envelope
-from failslow.service.jobs.state import JobState
+from failslow.service.ingest.envelope import parse_envelope
 from failslow.service.settings import DetectionSettings, StateSettings
+from failslow.service.stream.shape import blocked_collectives, hang_snapshot, job_shape
+from failslow.service.stream.state import JobState
 
 
 @dataclass

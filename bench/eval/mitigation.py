@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from failslow.harness.simulator import Fault, Layout, Scenario, closedloop
-from failslow.harness.simulator.engine import Workload
+from failslow.harness.simulator.model import Workload
 
 ROOT = Path(__file__).resolve().parents[2]
 ONSET = 40

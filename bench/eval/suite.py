@@ -6,7 +6,7 @@ import random
 from dataclasses import dataclass, replace
 
 from failslow.harness.simulator import Fault, Layout, Scenario
-from failslow.harness.simulator.engine import Noise
+from failslow.harness.simulator.model import Noise
 
 L16 = Layout(
     tp=2, pp=2, dp=4, gpus_per_host=4

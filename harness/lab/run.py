@@ -33,38 +33,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from failslow.harness.lab.system import CpuQuota, LabError, LabNetwork, cleanup_stale, preflight
-
-FAULTS = ("compute", "link", "hang")
-EXPECTED = {"compute": "slow_gpu", "link": "slow_link", "hang": "hang"}
-LOCALIZED_KINDS = ("slow_gpu", "slow_node", "slow_link", "hang")
-
-
-@dataclass
-class FaultResult:
-    fault: str
-    target_rank: int
-    target_host: str
-    injected_step: int
-    injected_ns: int
-    detected: bool = False
-    localized: bool = False
-    incident: str | None = None
-    kind: str | None = None
-    ranks: list[int] = field(default_factory=list)
-    hosts: list[str] = field(default_factory=list)
-    delay_steps: float | None = None
-    delay_s: float | None = None
-    summary: str | None = None
-    recovered_step: int | None = None
-    resolved: bool = False
-    resolve_s: float | None = None
+from failslow.harness.lab.report import EXPECTED, LOCALIZED_KINDS, FaultResult, table
+from failslow.harness.lab.system import CpuQuota, LabError, LabNetwork, cleanup_stale
 
 
 class Lab:
@@ -411,116 +387,3 @@ class Lab:
         self.net.close()
         cleanup_stale(self.args.prefix)
         self.http.close()
-
-
-def table(out: dict[str, Any]) -> str:
-    rows = [("fault", "target", "found", "incident", "subject", "delay", "resolved")]
-    for f in out["faults"]:
-        subject = (
-            ",".join(f["hosts"]) if f["kind"] == "slow_link" else ",".join(map(str, f["ranks"]))
-        )
-        delay = f"{f['delay_steps']} st / {f['delay_s']} s" if f["detected"] else "-"
-        resolved = f"yes ({f['resolve_s']} s)" if f["resolved"] else "no"
-        rows.append(
-            (f["fault"], f"rank {f['target_rank']}", "yes" if f["detected"] else "NO",
-             f["kind"] or "-", subject or "-", delay, resolved)
-        )  # fmt: skip
-    widths = [max(len(str(r[c])) for r in rows) for c in range(len(rows[0]))]
-    lines = ["  ".join(str(v).ljust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
-    lines.append(
-        f"false GPU/node/link/hang incidents: {len(out['false_incidents'])}; "
-        f"job_slowdown incidents: {out['job_slowdown_incidents']}; "
-        f"healthy step {out['step_time_s'] * 1000:.0f} ms; "
-        f"{'PASS' if out['ok'] else 'FAIL'}"
-    )
-    for f in out["false_incidents"]:
-        lines.append(f"  false: {f['kind']} ranks={f['ranks']} hosts={f['hosts']}: {f['summary']}")
-    return "\n".join(lines)
-
-
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "lab",
-        help="real faults in a real PyTorch job on this machine (root, netns, cgroup v1)",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
-    )
-    p.add_argument("--ranks", type=int, default=4, help="ranks, one namespace each (default 4)")
-    p.add_argument("--tp", type=int, default=2, help="tensor-parallel group size (default 2)")
-    p.add_argument(
-        "--fault",
-        default="all",
-        help="compute, link, hang, none, all, or a comma-separated list (default all)",
-    )
-    p.add_argument("--target", type=int, default=1, help="the rank to fault (default 1)")
-    p.add_argument("--json", dest="json_out", help="write the results here")
-    p.add_argument("--service", help="use this service (reachable from the namespaces)")
-    p.add_argument("--token", help="bearer token for --service (ingest and read)")
-    p.add_argument("--port", type=int, default=8077, help="port of the service started here")
-    p.add_argument("--job", default="lab")
-    p.add_argument("--batch", type=int, default=1536, help="samples per rank per step")
-    p.add_argument(
-        "--cpu-quota",
-        type=float,
-        default=0.25,
-        help="compute fault: the fraction of its healthy CPU the rank keeps (default 0.25; "
-        "healthy = one CPU, or CPUs/ranks where ranks outnumber CPUs)",
-    )
-    p.add_argument("--link-rate", default="100mbit", help="link fault: tbf rate")
-    p.add_argument("--warmup", type=int, default=60, help="healthy steps before the first fault")
-    p.add_argument("--healthy-steps", type=int, default=300, help="steps of --fault none")
-    p.add_argument("--settle-steps", type=int, default=30, help="steps between faults")
-    p.add_argument(
-        "--hold-steps", type=int, default=20, help="steps a fault lasts after it was found"
-    )
-    p.add_argument("--detect-timeout", type=float, default=60.0, help="seconds to find a fault")
-    p.add_argument("--resolve-timeout", type=float, default=60.0, help="seconds to resolve it")
-    p.add_argument("--max-delay-steps", type=float, default=10, help="pass mark (default 10)")
-    p.add_argument("--prefix", default="fsl", help="name prefix of namespaces, links, cgroups")
-    p.add_argument("--net", type=int, default=77, help="use 10.NET.0.0/24")
-    p.add_argument("--workdir", help="logs, database, progress (default: a new temp dir)")
-    p.set_defaults(func=main)
-
-
-def main(args: argparse.Namespace) -> int:
-    missing = preflight()
-    if missing:
-        print(
-            "failslow lab needs: " + "; ".join(missing) + ". It creates network namespaces, "
-            "veth pairs, a bridge, tc qdiscs and cgroups, so run it as root on Linux with "
-            "iproute2 and the cgroup v1 cpu controller mounted.",
-            file=sys.stderr,
-        )
-        return 2
-    faults = list(FAULTS) if args.fault == "all" else args.fault.split(",")
-    bad = [f for f in faults if f not in (*FAULTS, "none")]
-    if bad or ("none" in faults and len(faults) > 1):
-        print(f"failslow lab: unknown --fault {args.fault!r}", file=sys.stderr)
-        return 2
-    if not 2 <= args.ranks <= 64 or args.ranks % args.tp or not 0 <= args.target < args.ranks:
-        print("failslow lab: 2..64 ranks, a multiple of --tp, --target < --ranks", file=sys.stderr)
-        return 2
-    args.faults = faults
-    try:
-        lab = Lab(args)
-    except LabError as exc:
-        print(f"failslow lab: {exc}", file=sys.stderr)
-        return 2
-
-    def _term(*_: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, _term)
-    try:
-        out = lab.run()
-    except LabError as exc:
-        print(f"failslow lab: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("failslow lab: interrupted; cleaning up", file=sys.stderr)
-        return 130
-    finally:
-        lab.close()
-        signal.signal(signal.SIGTERM, previous)
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(out, indent=2) + "\n")
-    return 0 if out["ok"] else 1

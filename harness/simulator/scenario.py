@@ -7,9 +7,10 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from failslow.agents.wire import collective_dict, step_dict
-from failslow.harness.simulator.engine import Network, Noise, Simulation, Workload
+from failslow.harness.simulator.engine import Simulation
 from failslow.harness.simulator.faults import Fault
 from failslow.harness.simulator.layout import Layout
+from failslow.harness.simulator.model import Network, Noise, Workload
 
 
 @dataclass(frozen=True)

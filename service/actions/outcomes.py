@@ -12,8 +12,9 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from failslow.detectors.vocab import IncidentKind
 from failslow.service.actions.models import Action
-from failslow.service.detection.engine import JobRuntime
+from failslow.service.stream.reading import DetectionReader
 
 
 def measure(
@@ -21,7 +22,7 @@ def measure(
     *,
     watermark_ns: int,
     frames: int,
-    runtime: JobRuntime,
+    detection: DetectionReader,
     min_steps: int,
     timeout_s: float,
 ) -> dict[str, Any] | None:
@@ -42,10 +43,9 @@ def measure(
             }
         return None
     exec_step = res.get("exec_step")
-    with runtime.lock:
-        recent = runtime.pipeline.frame_times(
-            since_index=int(exec_step) + 3 if exec_step is not None else None, last=8
-        )
+    recent = detection.frame_times(
+        action.job_id, since_step=int(exec_step) + 3 if exec_step is not None else None, last=8
+    )
     if not recent:
         return None
     after = statistics.median(recent)
@@ -61,7 +61,7 @@ def measure(
     }
     if action.params.get("restore"):
         pass  # undoing a rebalance: step times only, no recovery to score
-    elif action.params.get("incident_kind") == "hang":
+    elif action.params.get("incident_kind") == IncidentKind.HANG:
         outcome["recovered"] = 1.0  # a hung job makes no progress: recovery is stepping again
     elif before and during and during > before * 1.01:
         outcome["recovered"] = round((during - after) / (during - before), 3)

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, Field
 
 from failslow.service.actions.models import Action, ActionEvent
-
-ActionKind = Literal["notify", "rebalance", "replan", "isolate", "restart"]
-ActionState = Literal["proposed", "approved", "executing", "succeeded", "failed", "rejected"]
+from failslow.service.actions.vocab import ActionKind, ActionState, Approval
 
 
 class ActionOut(BaseModel):
@@ -24,7 +22,7 @@ class ActionOut(BaseModel):
     updated_ns: int
     actuator: str
     result: dict[str, Any] | None = Field(description="What the actuator reported.")
-    mode: Literal["auto", "manual"]
+    mode: Approval
     dry_run: bool
     params: dict[str, Any] = Field(description="What the action changes (shares, ring orders...).")
     outcome: dict[str, Any] | None = Field(
@@ -54,15 +52,15 @@ def to_out(row: Action) -> ActionOut:
         id=row.id,
         incident=row.incident_id,
         job=row.job_id,
-        kind=row.kind,  # type: ignore[arg-type]
+        kind=ActionKind(row.kind),
         target=row.target,
-        state=row.state,  # type: ignore[arg-type]
+        state=ActionState(row.state),
         reason=row.reason,
         created_ns=row.created_ns,
         updated_ns=row.updated_ns,
         actuator=row.actuator,
         result=row.result,
-        mode=row.mode,  # type: ignore[arg-type]
+        mode=Approval(row.mode),
         dry_run=row.dry_run,
         params=dict(row.params),
         outcome=row.outcome,

@@ -14,18 +14,19 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from failslow.service.actions.decisions import ActionSpec
 from failslow.service.actions.models import Action, ActionEvent
-from failslow.service.actions.policy import ActionSpec
+from failslow.service.actions.vocab import MEASURED, ActionState, Approval
 from failslow.service.errors import Conflict
 from failslow.service.ids import new_id
 
-TRANSITIONS = {
-    "proposed": ("approved", "rejected"),
-    "approved": ("executing",),
-    "executing": ("succeeded", "failed"),
-    "succeeded": (),
-    "failed": (),
-    "rejected": (),
+TRANSITIONS: dict[ActionState, tuple[ActionState, ...]] = {
+    ActionState.PROPOSED: (ActionState.APPROVED, ActionState.REJECTED),
+    ActionState.APPROVED: (ActionState.EXECUTING,),
+    ActionState.EXECUTING: (ActionState.SUCCEEDED, ActionState.FAILED),
+    ActionState.SUCCEEDED: (),
+    ActionState.FAILED: (),
+    ActionState.REJECTED: (),
 }
 
 
@@ -77,7 +78,7 @@ def propose(
         incident_id=incident,
         kind=spec.kind,
         target=spec.target,
-        state="proposed",
+        state=ActionState.PROPOSED,
         mode=mode,
         reason=spec.reason,
         params=dict(spec.params),
@@ -102,10 +103,18 @@ def propose(
             raise
         return winner, False
     _event(
-        session, row.id, frm=None, to="proposed", actor="policy", note=spec.reason, now_ns=now_ns
+        session,
+        row.id,
+        frm=None,
+        to=ActionState.PROPOSED,
+        actor="policy",
+        note=spec.reason,
+        now_ns=now_ns,
     )
-    if mode == "auto":
-        transition(session, row, to="approved", actor="policy", note="auto mode", now_ns=now_ns)
+    if mode == Approval.AUTO:
+        transition(
+            session, row, to=ActionState.APPROVED, actor="policy", note="auto mode", now_ns=now_ns
+        )
     return row, True
 
 
@@ -127,7 +136,7 @@ def decide_manually(
     row = session.get(Action, action_id, with_for_update=True)
     if row is None:
         return None
-    to = "approved" if approve else "rejected"
+    to = ActionState.APPROVED if approve else ActionState.REJECTED
     if row.state == to:
         return row  # the same decision twice: idempotent
     transition(session, row, to=to, actor=actor, note=note, now_ns=now_ns)
@@ -141,16 +150,16 @@ def claim(session: Session, *, action_id: str, now_ns: int) -> bool:
     """``approved -> executing`` for exactly one claimant (conditional UPDATE)."""
     res = session.execute(
         update(Action)
-        .where(Action.id == action_id, Action.state == "approved")
-        .values(state="executing", updated_ns=now_ns, executed_ns=now_ns)
+        .where(Action.id == action_id, Action.state == ActionState.APPROVED)
+        .values(state=ActionState.EXECUTING, updated_ns=now_ns, executed_ns=now_ns)
     )
     if res.rowcount != 1:  # type: ignore[attr-defined]
         return False
     _event(
         session,
         action_id,
-        frm="approved",
-        to="executing",
+        frm=ActionState.APPROVED,
+        to=ActionState.EXECUTING,
         actor="executor",
         note="claimed for execution",
         now_ns=now_ns,
@@ -166,7 +175,7 @@ def finish(
     transition(
         session,
         action,
-        to="succeeded" if ok else "failed",
+        to=ActionState.SUCCEEDED if ok else ActionState.FAILED,
         actor=f"actuator:{action.actuator}",
         note=note,
         now_ns=now_ns,
@@ -175,14 +184,19 @@ def finish(
 
 def recover_interrupted(session: Session, *, now_ns: int) -> list[str]:
     """Actions left ``executing`` by a crash: failed, never re-run (their effect is unknown)."""
-    rows = list(session.scalars(select(Action).where(Action.state == "executing")))
+    rows = list(session.scalars(select(Action).where(Action.state == ActionState.EXECUTING)))
     for row in rows:
         row.result = {
             "error": "the service stopped while this action was executing; its effect is "
             "unknown and it is not run again (at-most-once). Check the target, then re-propose."
         }
         transition(
-            session, row, to="failed", actor="service", note="interrupted by restart", now_ns=now_ns
+            session,
+            row,
+            to=ActionState.FAILED,
+            actor="service",
+            note="interrupted by restart",
+            now_ns=now_ns,
         )
     return [r.id for r in rows]
 
@@ -213,4 +227,20 @@ def events(session: Session, *, action_id: str) -> list[ActionEvent]:
         session.scalars(
             select(ActionEvent).where(ActionEvent.action_id == action_id).order_by(ActionEvent.id)
         )
+    )
+
+
+def fixes(session: Session, *, incident: str) -> list[str]:
+    """Kinds of the corrective actions (rebalance, re-plan, restart) that succeeded on an
+    incident, oldest first: what its resolution says it was cleared after."""
+    return list(
+        session.scalars(
+            select(Action.kind)
+            .where(
+                Action.incident_id == incident,
+                Action.state == ActionState.SUCCEEDED,
+                Action.kind.in_(MEASURED),
+            )
+            .order_by(Action.created_ns)
+        ).all()
     )

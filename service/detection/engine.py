@@ -2,7 +2,9 @@
 
 A pass holds the job lock only to drain assembled collectives, close frames and take a snapshot
 of blocked collectives; the detectors then run under the job's own detection lock so that ingest
-is never blocked by detection. Every incident change is written in the pass's transaction.
+is never blocked by detection. Every incident change is written in the pass's transaction. The
+engine is also what the rest of the service reads detection through
+(:class:`~failslow.service.stream.reading.DetectionReader`).
 """
 
 from __future__ import annotations
@@ -13,30 +15,36 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
+import numpy as np
 from sqlalchemy.orm import Session, sessionmaker
 
 from failslow.detectors.findings import Finding
 from failslow.detectors.hang import HangSnapshot
 from failslow.detectors.pipeline import JobPipeline
 from failslow.detectors.types import JobShape
-from failslow.service.actions.models import Action
+from failslow.detectors.vocab import IncidentKind, Subject
 from failslow.service.db import session_scope
 from failslow.service.detection.history import HistoryAccumulator
-from failslow.service.detection.shape import blocked_collectives, hang_snapshot, job_shape
-from failslow.service.detection.text import summary_for
+from failslow.service.detection.persist import (
+    ClearedBy,
+    IncidentWriter,
+    PassSnapshot,
+    write_history,
+)
+from failslow.service.detection.settings import DetectionSettings
 from failslow.service.incidents import service as incidents
+from failslow.service.incidents.schemas import IncidentFilter
 from failslow.service.jobs import service as jobs_db
-from failslow.service.jobs.models import JobHistory, RankHistory
-from failslow.service.jobs.registry import JobRegistry
-from failslow.service.jobs.state import JobState
 from failslow.service.metrics import Metrics
 from failslow.service.plans import service as plans
-from failslow.service.plans.work import dp_index, work_weights
-from failslow.service.settings import DetectionSettings
+from failslow.service.stream.reading import JobNumbers
+from failslow.service.stream.registry import JobRegistry
+from failslow.service.stream.roles import work_weights
+from failslow.service.stream.shape import blocked_collectives, hang_snapshot, job_shape
+from failslow.service.stream.state import JobState
 
 log = logging.getLogger(__name__)
+HANG_KEY = (IncidentKind.HANG, Subject.job())
 
 
 @dataclass(slots=True)
@@ -46,19 +54,10 @@ class JobRuntime:
     lock: threading.Lock = field(default_factory=threading.Lock)
     shape: JobShape | None = None
     shape_version: int = -1
-    open: dict[tuple[str, str], str] = field(default_factory=dict)  # (kind, subject) -> incident id
+    # (kind, subject) -> incident id
+    open: dict[tuple[IncidentKind, Subject], str] = field(default_factory=dict)
     seeded: bool = False
-    frames: int = 0
     shares: list[int] | None = None  # the plan's micro-batch shares the detectors assume
-
-
-@dataclass(frozen=True, slots=True)
-class _Snapshot:
-    """What a pass copies out of the job state under its lock."""
-
-    slot_rank: list[int]
-    info: dict[int, tuple[str | None, int | None]]  # rank -> (host, gpu)
-    now_ns: int
 
 
 class DetectionEngine:
@@ -69,11 +68,15 @@ class DetectionEngine:
         sessions: sessionmaker[Session],
         metrics: Metrics,
         jobs: JobRegistry,
+        cleared_by: ClearedBy = lambda _session, _incident: [],
     ) -> None:
+        """``cleared_by(session, incident id)``: the kinds of action that succeeded on an
+        incident, for the words of its resolution (the actions domain knows them)."""
         self.settings = settings
         self.sessions = sessions
         self.metrics = metrics
         self.jobs = jobs
+        self.writer = IncidentWriter(metrics=metrics, cleared_by=cleared_by)
         self._runtimes: dict[str, JobRuntime] = {}
         self._lock = threading.Lock()
 
@@ -104,6 +107,11 @@ class DetectionEngine:
                     self._runtimes[job] = rt
         return rt
 
+    def forget(self, job: str) -> None:
+        with self._lock:
+            self._runtimes.pop(job, None)
+
+    # -- plans -------------------------------------------------------------------------------
     def set_plan_shares(
         self, state: JobState, shares: list[int] | None, *, from_step: int | None = None
     ) -> None:
@@ -116,36 +124,51 @@ class DetectionEngine:
             rt.pipeline.set_work(weights, from_index=from_step)
             rt.shares = list(shares) if shares else None
 
+    # -- the read interface (DetectionReader) --------------------------------------------------
+    def numbers(self, job: str) -> JobNumbers | None:
+        rt = self._runtimes.get(job)
+        if rt is None:
+            return None
+        with rt.lock:
+            view = rt.pipeline.job_view()
+            return JobNumbers(
+                frames=rt.pipeline.count,
+                step=view["step"],  # type: ignore[arg-type]
+                step_time_s=view["step_time_s"],
+                baseline_step_time_s=view["baseline_step_time_s"],
+                slowdown=view["slowdown"],
+                open_subjects=tuple((str(k), str(s)) for k, s in rt.open),
+            )
+
+    def frame_times(self, job: str, *, since_step: int | None, last: int) -> list[float]:
+        rt = self._runtimes.get(job)
+        if rt is None:
+            return []
+        with rt.lock:
+            return rt.pipeline.frame_times(since_index=since_step, last=last)
+
+    def rank_scores(self, job: str) -> tuple[np.ndarray, np.ndarray] | None:
+        rt = self._runtimes.get(job)
+        if rt is None:
+            return None
+        with rt.lock:
+            return rt.pipeline.rank_view()
+
+    def rank_speed(self, job: str) -> np.ndarray | None:
+        rt = self._runtimes.get(job)
+        if rt is None:
+            return None
+        with rt.lock:
+            return rt.pipeline.rank_speed()
+
+    def work_shares(self, job: str) -> list[int] | None:
+        rt = self._runtimes.get(job)
+        return list(rt.shares) if rt is not None and rt.shares else None
+
     def jobs_with_shares(self) -> list[str]:
-        """Jobs whose detectors follow unequal micro-batch shares (a rebalanced plan)."""
         return [
             j for j, rt in list(self._runtimes.items()) if rt.shares and len(set(rt.shares)) > 1
         ]
-
-    def dp_speeds(self, state: JobState, dp_size: int) -> list[float]:
-        """Per data-parallel index: the slowest member's recent speed per unit of work."""
-        rt = self.peek(state.job)
-        if rt is None or dp_size < 1:
-            return []
-        with rt.lock:
-            score = rt.pipeline.rank_speed()
-        with state.lock:
-            dp_of, _ = dp_index(state.topology)
-            slots = {r: state.topology.ranks[r].slot for r in dp_of if r in state.topology.ranks}
-        out = [float("inf")] * dp_size
-        for r, d in dp_of.items():
-            slot = slots.get(r)
-            if slot is None or slot >= score.size or d >= dp_size:
-                continue
-            out[d] = min(out[d], float(score[slot]))
-        return [v if v != float("inf") else float("nan") for v in out]
-
-    def peek(self, job: str) -> JobRuntime | None:
-        return self._runtimes.get(job)
-
-    def forget(self, job: str) -> None:
-        with self._lock:
-            self._runtimes.pop(job, None)
 
     # -- passes --------------------------------------------------------------------------------
     def run_due(self) -> int:
@@ -156,7 +179,7 @@ class DetectionEngine:
                 continue
             rt = self._runtimes.get(state.job)
             waiting = bool(state.frames.frames or state.frames.queue or state.assembler.pending)
-            hung = rt is not None and ("hang", "job") in rt.pipeline.opened
+            hung = rt is not None and HANG_KEY in rt.pipeline.opened
             if not (state.new_data or waiting or hung):
                 continue
             try:
@@ -186,7 +209,7 @@ class DetectionEngine:
                     if rt.shares:
                         rt.pipeline.work = work_weights(topo, rt.shares)
                 shape = rt.shape
-                snap = _Snapshot(
+                snap = PassSnapshot(
                     list(topo.slot_rank),
                     {r: (topo.ranks[r].host, topo.ranks[r].gpu) for r in topo.slot_rank},
                     state.watermark_ns,
@@ -211,7 +234,6 @@ class DetectionEngine:
                 jr, rr = rt.history.rows(snap.slot_rank, base)  # type: ignore[arg-type]
                 job_rows += jr
                 rank_rows += rr
-            rt.frames += len(closed)
             if closed or findings or job_rows or rank_rows:
                 self._persist(rt, state, findings, snap, job_rows, rank_rows)
         self.metrics.frames.inc(len(closed))
@@ -227,7 +249,7 @@ class DetectionEngine:
         )
         if (
             not blocked
-            and not rt.pipeline.opened.get(("hang", "job"))
+            and not rt.pipeline.opened.get(HANG_KEY)
             and not self._maybe_stalled(state)
         ):
             return None
@@ -241,30 +263,31 @@ class DetectionEngine:
     def _seed(self, rt: JobRuntime, state: JobState) -> None:
         """Resume incidents that were open before a restart (called under the job lock)."""
         with session_scope(self.sessions) as s:
-            rows = incidents.list_incidents(s, job=state.job, state="open")
+            rows = incidents.list_incidents(s, job=state.job, state=IncidentFilter.OPEN)
         topo = state.topology
         hosts = list(topo.hosts)
         for row in rows:
-            kind, subject = row.kind, row.subject
+            kind = IncidentKind(row.kind)
             slots = tuple(topo.ranks[r].slot for r in row.ranks if r in topo.ranks)
-            key_subject = subject
-            if kind == "slow_gpu":
+            if kind == IncidentKind.SLOW_GPU:
                 if not slots:
                     continue
-                key_subject = f"slot:{slots[0]}"
+                subject = Subject.slot(slots[0])
+            else:
+                subject = Subject.parse(row.subject)
             host_index = None
-            if kind == "slow_node" and row.hosts and row.hosts[0] in hosts:
+            if kind == IncidentKind.SLOW_NODE and row.hosts and row.hosts[0] in hosts:
                 host_index = hosts.index(row.hosts[0])
             rt.pipeline.seed_open(
                 kind,
-                key_subject,
+                subject,
                 slots=slots,
                 hosts=tuple(row.hosts),
                 onset_index=row.onset_step,
                 onset_ns=row.onset_ns,
                 host_index=host_index,
             )
-            rt.open[(kind, key_subject)] = row.id
+            rt.open[(kind, subject)] = row.id
         with session_scope(self.sessions) as s:
             applied = plans.applied_shares(s, job=state.job)
         if applied is not None:  # the shares the job runs under, from the step it said
@@ -278,14 +301,14 @@ class DetectionEngine:
         rt: JobRuntime,
         state: JobState,
         findings: list[Finding],
-        snap: _Snapshot,
+        snap: PassSnapshot,
         job_rows: list[dict[str, Any]],
         rank_rows: list[dict[str, Any]],
     ) -> None:
         view = rt.pipeline.job_view()
         with session_scope(self.sessions) as s:
             for f in findings:
-                self._apply_finding(s, rt, state, f, snap)
+                self.writer.apply(s, job=state.job, open_ids=rt.open, f=f, snap=snap)
             jobs_db.save_job_progress(
                 s,
                 job=state.job,
@@ -293,115 +316,4 @@ class DetectionEngine:
                 step_time_s=view["step_time_s"],
                 baseline_step_time_s=view["baseline_step_time_s"],
             )
-            self._write_history(s, job_rows, rank_rows)
-
-    @staticmethod
-    def _subject(f: Finding, ranks: list[int]) -> str:
-        if f.kind == "slow_gpu":
-            return "rank:" + ",".join(str(r) for r in ranks)
-        return f.subject
-
-    def _apply_finding(
-        self, s: Session, rt: JobRuntime, state: JobState, f: Finding, snap: _Snapshot
-    ) -> None:
-        ranks = sorted(snap.slot_rank[i] for i in f.slots if i < len(snap.slot_rank))
-        if f.kind == "slow_link":
-            ranks = []
-        hosts = list(f.hosts) or sorted({h for r in ranks if (h := snap.info[r][0]) is not None})
-        subject = self._subject(f, ranks)
-        key = (f.kind, f.subject)
-        now_ns = snap.now_ns
-        summary = summary_for(f, ranks, hosts, snap.info)
-        evidence = {**f.evidence, "reason": f.reason}
-        if f.status == "opened":
-            draft = incidents.IncidentDraft(
-                job=state.job,
-                kind=f.kind,
-                subject=subject,
-                ranks=ranks,
-                hosts=hosts,
-                slowdown=f.slowdown,
-                subject_slowdown=f.subject_slowdown,
-                confidence=f.confidence,
-                onset_ns=f.onset_ns,
-                detected_ns=f.detected_ns,
-                onset_step=f.onset_index,
-                detected_step=f.detected_index,
-                summary=summary,
-                evidence=evidence,
-            )
-            row, created = incidents.open_incident(s, draft=draft, now_ns=now_ns)
-            rt.open[key] = row.id
-            if created:
-                self.metrics.opened.labels(f.kind).inc()
-                self.metrics.delay.labels(f.kind).observe(
-                    max(0.0, (f.detected_ns - f.onset_ns) / 1e9)
-                )
-                log.info("incident %s opened: %s", row.id, summary)
-            return
-        inc_id = rt.open.get(key)
-        row = incidents.get_incident(s, incident_id=inc_id) if inc_id else None
-        if row is None:
-            row = incidents.find_open(s, job=state.job, kind=f.kind, subject=subject)
-        if row is None or row.state != "open":
-            rt.open.pop(key, None)
-            return
-        if f.status == "updated":
-            if f.kind == "hang":
-                row.ranks, row.hosts = ranks, hosts
-            row.onset_ns, row.onset_step = f.onset_ns, f.onset_index  # re-dated with more data
-            incidents.refresh_incident(
-                s,
-                incident=row,
-                slowdown=f.slowdown,
-                subject_slowdown=f.subject_slowdown,
-                confidence=f.confidence,
-                summary=summary,
-                evidence=evidence,
-                now_ns=now_ns,
-            )
-        elif f.status == "resolved":
-            incidents.resolve_incident(
-                s,
-                incident=row,
-                resolved_ns=f.detected_ns or now_ns,
-                resolved_step=f.detected_index,
-                evidence={"reason": f.reason},
-            )
-            fixed = s.scalars(
-                select(Action.kind)
-                .where(
-                    Action.incident_id == row.id,
-                    Action.state == "succeeded",
-                    Action.kind.in_(("rebalance", "replan", "restart")),
-                )
-                .order_by(Action.created_ns)
-            ).all()
-            verb = f"Cleared after {' + '.join(dict.fromkeys(fixed))}" if fixed else "Recovered"
-            at = (
-                f" {verb} by step {f.detected_index}."
-                if f.detected_index is not None
-                else f" {verb}."
-            )
-            if fixed:
-                row.evidence = {**row.evidence, "cleared_after": list(dict.fromkeys(fixed))}
-            row.summary = row.summary.rstrip(".") + "." + at
-            rt.open.pop(key, None)
-            self.metrics.resolved.labels(f.kind).inc()
-            log.info("incident %s resolved", row.id)
-
-    @staticmethod
-    def _write_history(
-        s: Session, job_rows: list[dict[str, Any]], rank_rows: list[dict[str, Any]]
-    ) -> None:
-        if not job_rows and not rank_rows:
-            return
-        try:
-            with s.begin_nested():
-                jobs_db.add_history(s, job_rows=job_rows, rank_rows=rank_rows)
-        except IntegrityError:
-            # A bucket already written (flush, or a restart mid-bucket): merge row by row.
-            for row in job_rows:
-                s.merge(JobHistory(**row))
-            for row in rank_rows:
-                s.merge(RankHistory(**row))
+            write_history(s, job_rows, rank_rows)

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from failslow.service.db import Base
+
+
+class IncidentState(StrEnum):
+    OPEN = "open"
+    RESOLVED = "resolved"
 
 
 class Incident(Base):
@@ -42,7 +49,7 @@ class Incident(Base):
             "kind",
             "subject",
             unique=True,
-            sqlite_where=(state == "open"),
-            postgresql_where=(state == "open"),
+            sqlite_where=(state == IncidentState.OPEN.value),
+            postgresql_where=(state == IncidentState.OPEN.value),
         ),
     )

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
 
 from failslow.service.context import ReadAuth, SessionDep
 from failslow.service.errors import NotFound
 from failslow.service.incidents import service as incidents
-from failslow.service.incidents.schemas import IncidentOut
+from failslow.service.incidents.schemas import IncidentFilter, IncidentOut
 
 router = APIRouter(prefix="/v1/incidents", tags=["incidents"])
 
@@ -17,7 +17,7 @@ router = APIRouter(prefix="/v1/incidents", tags=["incidents"])
 @router.get("", response_model=list[IncidentOut], dependencies=[ReadAuth], summary="All incidents")
 def list_all(
     session: SessionDep,
-    state: Annotated[Literal["open", "resolved", "all"], Query()] = "all",
+    state: Annotated[IncidentFilter, Query()] = IncidentFilter.ALL,
 ) -> list[IncidentOut]:
     return [incidents.to_out(r) for r in incidents.list_incidents(session, state=state)]
 

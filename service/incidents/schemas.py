@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, Field
 
-IncidentKind = Literal["slow_gpu", "slow_node", "slow_link", "hang", "job_slowdown"]
-IncidentState = Literal["open", "resolved"]
+from failslow.detectors.vocab import IncidentKind
+from failslow.service.incidents.models import IncidentState
+
+
+class IncidentFilter(StrEnum):
+    """Which incidents a list returns."""
+
+    OPEN = "open"
+    RESOLVED = "resolved"
+    ALL = "all"
 
 
 class IncidentOut(BaseModel):

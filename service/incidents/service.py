@@ -10,8 +10,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from failslow.service.ids import new_id
-from failslow.service.incidents.models import Incident
-from failslow.service.incidents.schemas import IncidentOut
+from failslow.service.incidents.models import Incident, IncidentState
+from failslow.service.incidents.schemas import IncidentFilter, IncidentOut
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +48,7 @@ def open_incident(session: Session, *, draft: IncidentDraft, now_ns: int) -> tup
         job_id=draft.job,
         kind=draft.kind,
         subject=draft.subject,
-        state="open",
+        state=IncidentState.OPEN,
         ranks=draft.ranks,
         hosts=draft.hosts,
         slowdown=draft.slowdown,
@@ -126,7 +126,7 @@ def resolve_incident(
     resolved_step: int | None,
     evidence: dict[str, Any] | None = None,
 ) -> None:
-    incident.state = "resolved"
+    incident.state = IncidentState.RESOLVED
     incident.resolved_ns = resolved_ns
     incident.resolved_step = resolved_step
     incident.updated_ns = resolved_ns
@@ -140,18 +140,18 @@ def find_open(session: Session, *, job: str, kind: str, subject: str) -> Inciden
             Incident.job_id == job,
             Incident.kind == kind,
             Incident.subject == subject,
-            Incident.state == "open",
+            Incident.state == IncidentState.OPEN,
         )
     ).first()
 
 
 def list_incidents(
-    session: Session, *, job: str | None = None, state: str = "all"
+    session: Session, *, job: str | None = None, state: str = IncidentFilter.ALL
 ) -> list[Incident]:
     query = select(Incident)
     if job is not None:
         query = query.where(Incident.job_id == job)
-    if state != "all":
+    if state != IncidentFilter.ALL:
         query = query.where(Incident.state == state)
     return list(session.scalars(query.order_by(Incident.id)))
 

@@ -10,9 +10,9 @@ from starlette.concurrency import run_in_threadpool
 from failslow.service.context import CtxDep, IngestAuth
 from failslow.service.errors import FailslowError, Overloaded
 from failslow.service.ingest.decode import read_json
+from failslow.service.ingest.envelope import parse_envelope
 from failslow.service.ingest.schemas import IngestResult, Rejection
 from failslow.service.ingest.service import accept
-from failslow.service.ingest.validate import parse_envelope
 
 router = APIRouter(tags=["ingest"])
 

@@ -1,17 +1,23 @@
-"""Pydantic descriptions of the v1 envelope for the OpenAPI document, and the ingest response.
+"""The v1 envelope's records as the OpenAPI document describes them, and the ingest response.
 
-The handler does not parse bodies with these models: per-record validation must reject one
-record at a time (see :mod:`failslow.service.ingest.validate`). They exist so that ``/openapi.json``
-describes the contract exactly.
+The handler does not parse bodies with these models: the envelope is checked by
+:mod:`failslow.service.ingest.envelope` and each record on its own by the event-time core
+(:mod:`failslow.service.stream.parse`), so that one bad record rejects only itself. They exist so
+that ``/openapi.json`` describes the contract exactly; :func:`envelope_schema` composes the
+envelope's schema from them (the one envelope type in code is
+:class:`failslow.service.stream.records.Envelope`).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, TypeAdapter
 
-Identifier = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")
+from failslow.detectors.vocab import CommKind
+from failslow.service.ids import IDENTIFIER
+
+Identifier = Field(pattern=IDENTIFIER)
 
 
 class RankIn(BaseModel):
@@ -22,7 +28,7 @@ class RankIn(BaseModel):
 
 class CommIn(BaseModel):
     comm: str = Identifier
-    kind: Literal["dp", "tp", "pp", "ep", "cp", "world", "p2p", "other"]
+    kind: CommKind
     ranks: list[int] = Field(description="Global ranks in ring order.")
 
 
@@ -47,25 +53,6 @@ class StepIn(BaseModel):
     end_ns: int = Field(ge=0)
 
 
-class Envelope(BaseModel):
-    """One host's records for one job. An envelope with no records is a heartbeat."""
-
-    job: str = Identifier
-    host: str = Identifier
-    sent_ns: int = Field(ge=0, description="Agent clock at send time; the newest is the job's now.")
-    agent: str | None = Field(
-        default=None,
-        description="(failslow addition) Agent stream id; with batch_seq, re-sends are no-ops.",
-    )
-    batch_seq: int | None = Field(
-        default=None, ge=0, description="(failslow addition) Increasing envelope number per agent."
-    )
-    ranks: list[RankIn] = Field(default_factory=list)
-    comms: list[CommIn] = Field(default_factory=list)
-    collectives: list[CollectiveIn] = Field(default_factory=list)
-    steps: list[StepIn] = Field(default_factory=list)
-
-
 class Rejection(BaseModel):
     index: str = Field(description='Location of the record, e.g. "collectives[3]".')
     reason: str
@@ -75,3 +62,55 @@ class IngestResult(BaseModel):
     accepted: int = Field(description="Records (collectives + steps) newly stored or completed.")
     duplicates: int = Field(description="Records identical to ones already stored.")
     rejected: list[Rejection]
+
+
+def envelope_schema(ref_template: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(schema of the envelope, schemas of its parts)`` for the OpenAPI components."""
+    parts: dict[str, Any] = {}
+    refs: dict[str, dict[str, str]] = {}
+    for model in (RankIn, CommIn, CollectiveIn, StepIn):
+        schema = TypeAdapter(model).json_schema(ref_template=ref_template)
+        parts.update(schema.pop("$defs", {}))
+        parts[model.__name__] = schema
+        refs[model.__name__] = {"$ref": ref_template.format(model=model.__name__)}
+
+    def many(name: str) -> dict[str, Any]:
+        return {"type": "array", "items": refs[name], "default": []}
+
+    ident = {"type": "string", "pattern": IDENTIFIER}
+    envelope = {
+        "title": "Envelope",
+        "description": "One host's records for one job. An envelope with no records is a "
+        "heartbeat.",
+        "type": "object",
+        "required": ["job", "host", "sent_ns"],
+        "properties": {
+            "job": {**ident, "title": "Job"},
+            "host": {**ident, "title": "Host"},
+            "sent_ns": {
+                "type": "integer",
+                "minimum": 0,
+                "title": "Sent Ns",
+                "description": "Agent clock at send time; the job's event time follows its "
+                "hosts' newest sent_ns.",
+            },
+            "agent": {
+                "anyOf": [ident, {"type": "null"}],
+                "default": None,
+                "title": "Agent",
+                "description": "(failslow addition) Agent stream id; with batch_seq, re-sends "
+                "are no-ops.",
+            },
+            "batch_seq": {
+                "anyOf": [{"type": "integer", "minimum": 0}, {"type": "null"}],
+                "default": None,
+                "title": "Batch Seq",
+                "description": "(failslow addition) Increasing envelope number per agent.",
+            },
+            "ranks": many("RankIn"),
+            "comms": many("CommIn"),
+            "collectives": many("CollectiveIn"),
+            "steps": many("StepIn"),
+        },
+    }
+    return envelope, parts

@@ -6,11 +6,11 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from failslow.service.db import session_scope
-from failslow.service.errors import Unavailable
-from failslow.service.ingest.validate import Envelope
-from failslow.service.jobs.registry import JobRegistry
+from failslow.service.errors import Overloaded, Unavailable
 from failslow.service.jobs.service import clear_committed, commit_ingest
-from failslow.service.jobs.state import ApplyResult
+from failslow.service.stream.records import Envelope
+from failslow.service.stream.registry import JobRegistry, RegistryFull
+from failslow.service.stream.state import ApplyResult
 
 
 def accept(
@@ -22,7 +22,10 @@ def accept(
     the job's next successful commit; the client gets 503 and re-sends, which is then recognised
     as a duplicate. Either way every record is counted exactly once.
     """
-    state = jobs.get_or_load(envelope.job)
+    try:
+        state = jobs.get_or_load(envelope.job)
+    except RegistryFull as exc:
+        raise Overloaded(str(exc), headers={"Retry-After": "5"}) from None
     with state.lock:
         result = state.apply(envelope)
         try:

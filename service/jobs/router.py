@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Query
 from starlette.concurrency import run_in_threadpool
 
+from failslow.detectors.vocab import IncidentKind
 from failslow.service.context import AppContext, CtxDep, JobClientAuth, JobId, ReadAuth, SessionDep
 from failslow.service.errors import NotFound
 from failslow.service.incidents import service as incidents
-from failslow.service.incidents.schemas import IncidentOut
+from failslow.service.incidents.schemas import IncidentFilter, IncidentOut
 from failslow.service.jobs import service as jobs_db
 from failslow.service.jobs import views
 from failslow.service.jobs.schemas import JobDetail, JobSummary, RankOut
@@ -25,7 +26,7 @@ def list_jobs(ctx: CtxDep, session: SessionDep) -> list[JobSummary]:
         views.summary(
             row,
             jobs=ctx.jobs,
-            engine=ctx.detection,
+            detection=ctx.detection,
             kinds=counts.get(row.id, {}),
         )
         for row in jobs_db.list_jobs(session)
@@ -41,7 +42,7 @@ def get_job(job: JobId, ctx: CtxDep, session: SessionDep) -> JobDetail:
         session,
         row,
         jobs=ctx.jobs,
-        engine=ctx.detection,
+        detection=ctx.detection,
         kinds=views.open_counts(session, job=job).get(job, {}),
     )
 
@@ -52,11 +53,11 @@ def get_ranks(job: JobId, ctx: CtxDep, session: SessionDep) -> list[RankOut]:
         raise NotFound(f"no job {job!r}")
     state = ctx.jobs.get_or_load(job)
     incident_ranks: dict[int, str] = {}
-    for inc in incidents.list_incidents(session, job=job, state="open"):
+    for inc in incidents.list_incidents(session, job=job, state=IncidentFilter.OPEN):
         for r in inc.ranks:
-            if incident_ranks.get(r) != "hang":
+            if incident_ranks.get(r) != IncidentKind.HANG:
                 incident_ranks[r] = inc.kind
-    return views.ranks(state, engine=ctx.detection, incident_ranks=incident_ranks)
+    return views.ranks(state, detection=ctx.detection, incident_ranks=incident_ranks)
 
 
 @router.get(
@@ -68,7 +69,7 @@ def get_ranks(job: JobId, ctx: CtxDep, session: SessionDep) -> list[RankOut]:
 def job_incidents(
     job: JobId,
     session: SessionDep,
-    state: Annotated[Literal["open", "resolved", "all"], Query()] = "all",
+    state: Annotated[IncidentFilter, Query()] = IncidentFilter.ALL,
 ) -> list[IncidentOut]:
     if jobs_db.get_job(session, job=job) is None:
         raise NotFound(f"no job {job!r}")
@@ -89,7 +90,7 @@ def _run_and_summarise(ctx: AppContext, job: str, *, flush: bool, mitigate: bool
         return views.summary(
             row,
             jobs=ctx.jobs,
-            engine=ctx.detection,
+            detection=ctx.detection,
             kinds=views.open_counts(session, job=job).get(job, {}),
         )
 

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, Field
 
-JobStateName = Literal["healthy", "degraded", "hung", "stale"]
-RankStateName = Literal["ok", "slow", "hung", "stale"]
+
+class JobStateName(StrEnum):
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"  # an open slow incident
+    HUNG = "hung"  # an open hang
+    STALE = "stale"  # no envelope for longer than the staleness timeout
+
+
+class RankState(StrEnum):
+    OK = "ok"
+    SLOW = "slow"
+    HUNG = "hung"
+    STALE = "stale"  # no recent telemetry: missing data is not failure
 
 
 class JobSummary(BaseModel):
@@ -36,7 +48,7 @@ class RankOut(BaseModel):
     rank: int
     host: str | None
     gpu: int | None
-    state: RankStateName
+    state: RankState
     score: float | None = Field(
         description="Speed relative to peers: 1.0 typical, 0.5 = twice as slow."
     )

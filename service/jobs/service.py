@@ -12,10 +12,11 @@ from sqlalchemy import Table, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from failslow.service.ingest.validate import CommAnnouncement, RankAnnouncement
+from failslow.detectors.vocab import CommKind
 from failslow.service.jobs.models import AgentStream, Comm, Host, Job, JobHistory, Rank, RankHistory
-from failslow.service.jobs.state import JobState
-from failslow.service.settings import StateSettings
+from failslow.service.stream.records import CommAnnouncement, RankAnnouncement
+from failslow.service.stream.settings import StateSettings
+from failslow.service.stream.state import JobState
 
 
 def _upsert(
@@ -152,7 +153,7 @@ def load_job(session: Session, *, job: str, settings: StateSettings) -> JobState
             topo.touch_host(r.host, row.last_seen_ns, state.last_wall)
         topo.announce_rank(r.host, RankAnnouncement(r.rank, r.gpu, None))
     for c in session.scalars(select(Comm).where(Comm.job_id == job)):
-        topo.announce_comm(CommAnnouncement(c.comm, c.kind, tuple(c.ranks)))
+        topo.announce_comm(CommAnnouncement(c.comm, CommKind(c.kind), tuple(c.ranks)))
     for s in session.scalars(select(AgentStream).where(AgentStream.job_id == job)):
         state.streams[(s.host, s.agent)] = s.last_batch_seq
     topo.dirty_ranks.clear()

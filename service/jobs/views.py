@@ -10,15 +10,14 @@ import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from failslow.service.detection.engine import DetectionEngine
-from failslow.service.incidents.models import Incident
+from failslow.detectors.vocab import SLOW_KINDS, IncidentKind
+from failslow.service.incidents.models import Incident, IncidentState
 from failslow.service.jobs import service as jobs_db
 from failslow.service.jobs.models import Job
-from failslow.service.jobs.registry import JobRegistry
-from failslow.service.jobs.schemas import JobDetail, JobSummary, RankOut
-from failslow.service.jobs.state import JobState
-
-SLOW_KINDS = ("slow_gpu", "slow_node", "slow_link", "job_slowdown")
+from failslow.service.jobs.schemas import JobDetail, JobStateName, JobSummary, RankOut, RankState
+from failslow.service.stream.reading import DetectionReader
+from failslow.service.stream.registry import JobRegistry
+from failslow.service.stream.state import JobState
 
 
 def _clean(x: float | None) -> float | None:
@@ -27,7 +26,9 @@ def _clean(x: float | None) -> float | None:
 
 def open_counts(session: Session, *, job: str | None = None) -> dict[str, dict[str, int]]:
     """Open incidents per job and kind."""
-    q = select(Incident.job_id, Incident.kind, func.count()).where(Incident.state == "open")
+    q = select(Incident.job_id, Incident.kind, func.count()).where(
+        Incident.state == IncidentState.OPEN
+    )
     if job is not None:
         q = q.where(Incident.job_id == job)
     out: dict[str, dict[str, int]] = {}
@@ -36,28 +37,38 @@ def open_counts(session: Session, *, job: str | None = None) -> dict[str, dict[s
     return out
 
 
-def job_state_name(state: JobState | None, kinds: dict[str, int] | set[str]) -> str:
+def job_state_name(
+    state: JobState | None, kinds: dict[str, int] | set[str]
+) -> JobStateName:
     """healthy, degraded (an open slow incident), hung (an open hang) or stale (silent)."""
-    if "hang" in kinds and (not isinstance(kinds, dict) or kinds["hang"]):
-        return "hung"
+    hang = IncidentKind.HANG
+    if hang in kinds and (not isinstance(kinds, dict) or kinds[hang]):
+        return JobStateName.HUNG
     # not in memory: nothing received since this process started
     if state is None or state.is_stale(time.monotonic()):
-        return "stale"
+        return JobStateName.STALE
     if any(k in kinds and (not isinstance(kinds, dict) or kinds[k]) for k in SLOW_KINDS):
-        return "degraded"
-    return "healthy"
+        return JobStateName.DEGRADED
+    return JobStateName.HEALTHY
 
 
 def summary(
     row: Job,
     *,
     jobs: JobRegistry,
-    engine: DetectionEngine,
+    detection: DetectionReader,
     kinds: dict[str, int],
 ) -> JobSummary:
     state = jobs.get(row.id)
-    rt = engine.peek(row.id)
-    view: dict[str, Any] = rt.pipeline.job_view() if rt is not None and rt.pipeline.count else {}
+    numbers = detection.numbers(row.id)
+    view: dict[str, Any] = {}
+    if numbers is not None and numbers.frames:
+        view = {
+            "step": numbers.step,
+            "step_time_s": numbers.step_time_s,
+            "baseline_step_time_s": numbers.baseline_step_time_s,
+            "slowdown": numbers.slowdown,
+        }
     live = state is not None
     return JobSummary(
         job=row.id,
@@ -65,7 +76,7 @@ def summary(
             state.topology.world_size if live and state.topology.world_size else row.world_size
         ),
         hosts=len(state.topology.hosts) if live else 0,
-        state=job_state_name(state, kinds),  # type: ignore[arg-type]
+        state=job_state_name(state, kinds),
         step=view.get("step", row.last_step) if view else row.last_step,
         step_time_s=_clean(view.get("step_time_s", row.step_time_s) if view else row.step_time_s),
         baseline_step_time_s=_clean(
@@ -95,18 +106,18 @@ def detail(
     row: Job,
     *,
     jobs: JobRegistry,
-    engine: DetectionEngine,
+    detection: DetectionReader,
     kinds: dict[str, int],
 ) -> JobDetail:
-    base = summary(row, jobs=jobs, engine=engine, kinds=kinds)
+    base = summary(row, jobs=jobs, detection=detection, kinds=kinds)
     state = jobs.get(row.id)
-    rt = engine.peek(row.id)
+    numbers = detection.numbers(row.id)
     hosts = jobs_db.host_counters(session, job=row.id)
     detector: dict[str, Any] = {}
     if state is not None:
         fb = state.frames
         detector = {
-            "frames_analysed": rt.frames if rt else 0,
+            "frames_analysed": numbers.frames if numbers else 0,
             "mode": "steps" if fb.has_steps else ("time" if fb.time_mode else "undecided"),
             "open_frames": len(fb.frames),
             "pending_collectives": len(state.assembler.pending),
@@ -114,7 +125,7 @@ def detail(
             "expired_collectives": state.assembler.expired,
             "dropped_contributions": fb.dropped_contributions,
             "late_steps": fb.late_steps,
-            "open_subjects": sorted(rt.open) if rt else [],
+            "open_subjects": sorted(numbers.open_subjects) if numbers else [],
         }
     return JobDetail(
         **base.model_dump(),
@@ -135,38 +146,35 @@ def detail(
 
 
 def ranks(
-    state: JobState, *, engine: DetectionEngine, incident_ranks: dict[int, str]
+    state: JobState, *, detection: DetectionReader, incident_ranks: dict[int, str]
 ) -> list[RankOut]:
-    rt = engine.peek(state.job)
     with state.lock:
         slot_rank = list(state.topology.slot_rank)
         info = {r: (state.topology.ranks[r].host, state.topology.ranks[r].gpu) for r in slot_rank}
         now = time.monotonic()
         stale_hosts = {h for h in state.topology.hosts if state.host_stale(h, now)}
-    if rt is not None:
-        score, late = rt.pipeline.rank_view()
-    else:
-        score = late = np.zeros(0)
+    scores = detection.rank_scores(state.job)
+    score, late = scores if scores is not None else (np.zeros(0), np.zeros(0))
     out: list[RankOut] = []
     for slot, rank in enumerate(slot_rank):
         host, gpu = info[rank]
         s = float(score[slot]) if slot < score.size and np.isfinite(score[slot]) else None
         lt = float(late[slot]) if slot < late.size and np.isfinite(late[slot]) else None
         kind = incident_ranks.get(rank)
-        if kind == "hang":
-            st = "hung"
+        if kind == IncidentKind.HANG:
+            st = RankState.HUNG
         elif host is None or host in stale_hosts:
-            st = "stale"  # missing data is not failure
+            st = RankState.STALE  # missing data is not failure
         elif kind is not None:
-            st = "slow"
+            st = RankState.SLOW
         else:
-            st = "ok"
+            st = RankState.OK
         out.append(
             RankOut(
                 rank=rank,
                 host=host,
                 gpu=gpu,
-                state=st,  # type: ignore[arg-type]
+                state=st,
                 score=round(s, 4) if s is not None else None,
                 lateness_s=round(lt, 6) if lt is not None else None,
             )

@@ -31,7 +31,7 @@ from failslow.service.incidents.models import Incident
 from failslow.service.incidents.service import add_notes
 from failslow.service.metrics import Metrics
 from failslow.service.probes.schedule import Pair, PairResult, analyse, plan_rounds
-from failslow.service.settings import ProbeSettings
+from failslow.service.probes.settings import ProbeSettings
 
 log = logging.getLogger(__name__)
 

@@ -114,6 +114,6 @@ def test_ack_tells_the_service_from_which_step_a_plan_runs(client: TestClient) -
     assert history[0]["applied_step"] == 120
     missing = client.post("/v1/jobs/j/plan/ack", json={"version": 7, "step": 1})
     assert missing.status_code == 404
-    rt = client.app.state.ctx.detection.peek("j")  # type: ignore[attr-defined]
+    rt = client.app.state.ctx.detection.runtime("j")  # type: ignore[attr-defined]
     assert rt is not None and rt.shares == [1, 3]  # detectors follow from step 120
     assert rt.pipeline._pending_work is not None and rt.pipeline._pending_work[0] == 120

@@ -48,10 +48,10 @@ def test_osdi_traces_through_the_pipeline(trace: str) -> None:
     pytest.importorskip("pyarrow")
     from bench.eval.osdi import judge, to_envelopes
     from failslow.detectors.pipeline import JobPipeline
-    from failslow.service.detection.shape import job_shape
-    from failslow.service.ingest.validate import parse_envelope
-    from failslow.service.jobs.state import JobState
+    from failslow.service.ingest.envelope import parse_envelope
     from failslow.service.settings import DetectionSettings, StateSettings
+    from failslow.service.stream.shape import job_shape
+    from failslow.service.stream.state import JobState
 
     d = DetectionSettings()
     state = JobState(trace, StateSettings())

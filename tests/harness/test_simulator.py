@@ -7,7 +7,8 @@ from collections import defaultdict
 import pytest
 
 from failslow.harness.simulator import Fault, Layout, Scenario
-from failslow.harness.simulator.engine import Noise, Simulation, Workload
+from failslow.harness.simulator.engine import Simulation
+from failslow.harness.simulator.model import Noise, Workload
 from failslow.harness.simulator.scenario import parse_fault
 
 SMALL = Layout(tp=2, pp=2, dp=2, gpus_per_host=4)

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from failslow.harness.simulator import Fault, Layout, Scenario
-from failslow.harness.simulator.engine import Noise, Simulation, Workload
+from failslow.harness.simulator.engine import Simulation
+from failslow.harness.simulator.model import Noise, Workload
 
 LAY = Layout(tp=1, pp=1, dp=4, gpus_per_host=1)  # 4 hosts, one rank each, one dp ring
 

@@ -8,7 +8,7 @@ from typing import Any
 from failslow.service.actions.actuators.base import ActionRequest, Actuator
 from failslow.service.actions.actuators.log import LogActuator
 from failslow.service.actions.actuators.plan import PlanActuator
-from failslow.service.settings import ActionsSettings
+from failslow.service.actions.settings import ActionsSettings
 
 
 def build_actuators(

@@ -16,15 +16,16 @@ from pathlib import Path
 import pytest
 
 from failslow.cli import main as cli_main
-from failslow.harness.lab import run as lab_run
+from failslow.harness.lab import cli as lab_cli
 from failslow.harness.lab import system
+from failslow.harness.lab.report import table
 from tests.live import free_port
 
 
 def test_lab_says_what_it_needs(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(lab_run, "preflight", lambda: ["root (namespaces, tc and cgroups need it)"])
+    monkeypatch.setattr(lab_cli, "preflight", lambda: ["root (namespaces, tc and cgroups need it)"])
     assert cli_main(["lab", "--ranks", "4"]) == 2
     err = capsys.readouterr().err
     assert "needs: root" in err and "cgroup v1" in err
@@ -37,7 +38,7 @@ def test_lab_says_what_it_needs(
 def test_lab_rejects_bad_arguments(
     argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(lab_run, "preflight", lambda: [])
+    monkeypatch.setattr(lab_cli, "preflight", lambda: [])
     assert cli_main(["lab", *argv]) == 2
     assert "failslow lab:" in capsys.readouterr().err
 
@@ -77,7 +78,7 @@ def test_table_reports_every_fault_and_every_false_incident() -> None:
         "step_time_s": 0.28,
         "ok": False,
     }
-    text = lab_run.table(out)
+    text = table(out)
     assert "compute  rank 1  yes" in text and "3 st / 1.2 s" in text
     assert "link     rank 1  NO" in text
     assert "false GPU/node/link/hang incidents: 1" in text and "FAIL" in text

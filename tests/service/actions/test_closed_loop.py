@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from failslow.harness.simulator import Fault, Layout, Scenario, closedloop
-from failslow.harness.simulator.engine import Workload
+from failslow.harness.simulator.model import Workload
 from failslow.service.app import create_app
 from failslow.service.settings import ActionsSettings, DetectionSettings, Settings
 

@@ -1,0 +1,414 @@
+"""Fusion: the rules that turn per-frame suspects into persistent conditions, one per kind.
+
+Every detector proposes suspects per frame; one tracker per kind turns them into conditions
+(persistence before opening, hysteresis before resolving). A slow host explains its ranks (no
+slow_gpu for them); compute-slow hosts explain the slow links through them; a job-wide slowdown is
+only reported when no culprit (GPU, node or link) is suspected. Onsets are dated by change points
+on the subject's own signal.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from failslow.detectors.changepoint import OnlineChangeDetector
+from failslow.detectors.findings import Finding, date_onset
+from failslow.detectors.hang import HangDetector, HangSnapshot
+from failslow.detectors.history import FrameHistory
+from failslow.detectors.lifecycle import ConditionTracker, KeyedTracker, run_start
+from failslow.detectors.link import LinkDetector, LinkScores
+from failslow.detectors.report import OpenCondition, Reporter
+from failslow.detectors.robust import quiet_nan
+from failslow.detectors.straggler import FrameScores, NodeScores
+from failslow.detectors.types import Frame, JobShape
+from failslow.detectors.vocab import (
+    COMPUTE_KINDS,
+    FindingStatus,
+    IncidentKind,
+    Subject,
+    SubjectKind,
+)
+
+REDATE_AFTER = 6  # frames after opening: the change then has enough samples on both sides
+OPENED, UPDATED, RESOLVED = FindingStatus.OPENED, FindingStatus.UPDATED, FindingStatus.RESOLVED
+Key = tuple[IncidentKind, Subject]
+
+
+def explained(busy: set[str], hosts: tuple[str, ...], edges: tuple[tuple[str, str], ...]) -> bool:
+    """Can compute-slow hosts explain a link suspect? A NIC: when its host is one of them. Host
+    pairs: when every candidate pair has an end on one (a slow rank slows the rings through it,
+    not a ring elsewhere)."""
+    if edges:
+        return all(a in busy or b in busy for a, b in edges)
+    return bool(busy.intersection(hosts))
+
+
+class Conditions:
+    """The open conditions of one job and the trackers that open and resolve them."""
+
+    def __init__(
+        self,
+        *,
+        history: FrameHistory,
+        links: LinkDetector,
+        hangs: HangDetector,
+        late_fraction: float,
+        compute_ratio: float,
+        job_slowdown_ratio: float,
+        window: int,
+        open_after: int,
+        resolve_after: int,
+    ) -> None:
+        self.history = history
+        self.links = links
+        self.hangs = hangs
+        self.compute_ratio = compute_ratio
+        self.static_ratio = 1.0 + 5.0 * (compute_ratio - 1.0)
+        self.job_slowdown_ratio = job_slowdown_ratio
+        track = {"window": window, "open_after": open_after, "resolve_after": resolve_after}
+        self.gpus = ConditionTracker(**track)  # slow_gpu, over rank slots
+        self.hosts = ConditionTracker(**track)  # slow_node, over host indices
+        self.link_keys: KeyedTracker[Subject] = KeyedTracker(**track)  # slow_link subjects
+        # the job signal already spans two frames (min of the last two), so one strong reading
+        # opens
+        self.job_keys: KeyedTracker[Subject] = KeyedTracker(**track, fast_after=1)
+        self.job_cpd = OnlineChangeDetector()  # change points of the job's step time
+        self.reporter = Reporter(
+            history=history, gpus=self.gpus, window=window, late_fraction=late_fraction
+        )
+        self.opened: dict[Key, OpenCondition] = {}
+        self._culprit_seen: deque[bool] = deque(maxlen=2)
+        self.shape: JobShape | None = None
+
+    # -- state ---------------------------------------------------------------------------------
+    def seed_open(
+        self,
+        kind: IncidentKind,
+        subject: Subject,
+        *,
+        slots: tuple[int, ...],
+        hosts: tuple[str, ...],
+        onset_index: int | None,
+        onset_ns: int,
+        host_index: int | None = None,
+    ) -> None:
+        """Resume a condition that was open before a restart."""
+        idx = onset_index if onset_index is not None else -1
+        count = self.history.count
+        info = OpenCondition(kind, count, idx, onset_ns, idx, onset_ns, slots, hosts)
+        if kind == IncidentKind.SLOW_GPU and slots:
+            self.history.ensure(slots[0] + 1, 0)
+            self.gpus.ensure(self.history.n)
+            self.gpus.seed_open(slots[0])
+        elif kind == IncidentKind.SLOW_NODE and host_index is not None:
+            self.hosts.ensure(host_index + 1)
+            self.hosts.seed_open(host_index)
+        elif kind == IncidentKind.SLOW_LINK:
+            self.link_keys.seed_open(subject)
+        elif kind == IncidentKind.JOB_SLOWDOWN:
+            self.job_keys.seed_open(subject)
+        self.opened[(kind, subject)] = info
+
+    def _open(
+        self,
+        kind: IncidentKind,
+        start: int,
+        ring_len: int,
+        frame: Frame,
+        *,
+        slots: tuple[int, ...] = (),
+    ) -> OpenCondition:
+        hist = self.history
+        onset_pos = hist.count - ring_len + start
+        q = onset_pos % hist.h
+        return OpenCondition(
+            kind,
+            onset_pos,
+            int(hist.f_index[q]),
+            int(hist.f_start[q]),
+            frame.index,
+            frame.end_ns,
+            slots,
+        )
+
+    def updates(self, frame: Frame, fresh: list[Finding]) -> list[Finding]:
+        """A report on every open condition (but hangs) not reported in this frame."""
+        seen = {(f.kind, f.subject) for f in fresh}
+        return [
+            self.reporter.finding(UPDATED, info, key[1], frame)
+            for key, info in list(self.opened.items())
+            if key not in seen and info.kind != IncidentKind.HANG
+        ]
+
+    # -- slow GPUs -----------------------------------------------------------------------------
+    def redate(self, frame: Frame) -> list[Finding]:
+        """Re-date slow-GPU onsets once enough frames after the change exist for ruptures."""
+        hist = self.history
+        out = []
+        for key, info in self.opened.items():
+            if info.kind != IncidentKind.SLOW_GPU or info.redate_at != hist.count:
+                continue
+            slot = info.slots[0]
+            pos = hist.positions(0)
+            start = date_onset(
+                hist.gpu_signal(slot, pos), hist.elevated[slot, pos], hist.suspect[slot, pos]
+            )
+            onset_pos = hist.count - len(pos) + start
+            q = onset_pos % hist.h
+            # an onset after the detection is not an onset (a plan changed the signal since)
+            later = int(hist.f_index[q]) > info.detected_index
+            if onset_pos != info.onset_pos and not later:
+                info.onset_pos, info.onset_index, info.onset_ns = (
+                    onset_pos,
+                    int(hist.f_index[q]),
+                    int(hist.f_start[q]),
+                )
+                out.append(self.reporter.finding(UPDATED, info, key[1], frame))
+        return out
+
+    def gpus_step(self, frame: Frame, s: FrameScores, nodes: NodeScores) -> list[Finding]:
+        shape, hist = self.shape, self.history
+        assert shape is not None
+        host = (
+            shape.host_of_slot[: frame.n]
+            if shape.host_of_slot.size >= frame.n
+            else np.full(frame.n, -1)
+        )
+        on_slow_host = np.zeros(frame.n, dtype=bool)
+        self.hosts.ensure(nodes.suspect.size)
+        bad_hosts = np.flatnonzero(nodes.suspect | self.hosts.open[: nodes.suspect.size])
+        if bad_hosts.size:
+            on_slow_host = np.isin(host, bad_hosts)
+        n = frame.n
+        own = hist.own_ratio[:n]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            change = s.compute_ratio / own
+            changed = np.isnan(change) | (change >= self.compute_ratio)
+            big = s.compute_ratio >= self.static_ratio
+        suspect = s.suspect & ~on_slow_host & (changed | big)  # the node explains its ranks
+        strong = s.strong & (changed | big)
+        trans = self.gpus.update(suspect, s.elevated, np.isfinite(s.late), strong)
+        learn = np.isfinite(s.compute_ratio) & ~s.elevated & ~self.gpus.open[:n]
+        hist.learn_own_ratio(s.compute_ratio, learn)
+        out = []
+        kind = IncidentKind.SLOW_GPU
+        for slot in trans.opened.tolist():
+            pos = hist.positions(0)
+            start = date_onset(
+                hist.gpu_signal(slot, pos), hist.elevated[slot, pos], hist.suspect[slot, pos]
+            )
+            info = self._open(kind, start, len(pos), frame, slots=(int(slot),))
+            info.redate_at = hist.count + REDATE_AFTER
+            hostname = shape.hosts[host[slot]] if host[slot] >= 0 else None
+            info.hosts = (hostname,) if hostname else ()
+            self.opened[(kind, Subject.slot(slot))] = info
+            out.append(self.reporter.finding(OPENED, info, Subject.slot(slot), frame))
+        for slot in trans.resolved.tolist():
+            ring = len(hist.positions(0))
+            info = self.opened.pop((kind, Subject.slot(slot)), None) or self._open(
+                kind, ring - 1, ring, frame, slots=(int(slot),)
+            )
+            out.append(self.reporter.finding(RESOLVED, info, Subject.slot(slot), frame))
+        return out
+
+    # -- slow nodes ----------------------------------------------------------------------------
+    def nodes_step(self, frame: Frame, nodes: NodeScores) -> list[Finding]:
+        shape, hist = self.shape, self.history
+        assert shape is not None
+        n_hosts = nodes.suspect.size
+        self.hosts.ensure(n_hosts)
+        strong = nodes.suspect & (nodes.ratio >= 1 + 3 * (self.compute_ratio - 1))
+        trans = self.hosts.update(
+            nodes.suspect, nodes.elevated | nodes.suspect, np.isfinite(nodes.ratio), strong
+        )
+        out = []
+        kind = IncidentKind.SLOW_NODE
+        host = shape.host_of_slot[: frame.n]
+        for h in trans.opened.tolist():
+            pos = hist.positions(0)
+            members = np.flatnonzero(host == h)
+            signal = (
+                quiet_nan(np.nanmedian, hist.cross[members][:, pos], axis=0)
+                if members.size
+                else np.zeros(pos.size)
+            )
+            flags = signal >= 1 + (self.compute_ratio - 1) / 2  # no members: all False
+            start = date_onset(signal, flags)
+            info = self._open(kind, start, len(pos), frame, slots=tuple(int(m) for m in members))
+            info.hosts = (shape.hosts[h],)
+            subject = Subject.host(shape.hosts[h])
+            self.opened[(kind, subject)] = info
+            out.append(self.reporter.finding(OPENED, info, subject, frame))
+        for h in trans.resolved.tolist():
+            subject = Subject.host(shape.hosts[h])
+            info = self.opened.pop((kind, subject), None)
+            if info is not None:
+                out.append(self.reporter.finding(RESOLVED, info, subject, frame))
+        return out
+
+    def compute_hosts(self, s: FrameScores) -> set[str]:
+        """Hosts with a rank that computes slowly now (a suspect this frame, or an open
+        ``slow_gpu``/``slow_node``): a starved CPU or GPU also slows the communication it drives
+        (gloo reduces on the CPU, NCCL kernels share the SMs), which is no evidence of a link."""
+        shape = self.shape
+        assert shape is not None
+        out: set[str] = set()
+        host = shape.host_of_slot
+        for slot in np.flatnonzero(s.suspect[: host.size]).tolist():
+            if host[slot] >= 0:
+                out.add(shape.hosts[host[slot]])
+        for (kind, _), info in self.opened.items():
+            if kind in COMPUTE_KINDS:
+                out.update(h for h in info.hosts if h)
+        return out
+
+    # -- slow links ----------------------------------------------------------------------------
+    def links_step(self, frame: Frame, links: LinkScores, s: FrameScores) -> list[Finding]:
+        shape, hist = self.shape, self.history
+        assert shape is not None
+        kind = IncidentKind.SLOW_LINK
+        busy = self.compute_hosts(s)
+        # an open slow NIC explains every slow link of its host: no second incident for them
+        nics = {
+            h for (k, subj), info in self.opened.items()
+            if k == kind and subj.kind == SubjectKind.HOST for h in info.hosts
+        }  # fmt: skip
+        suspects = {
+            k
+            for k, (hosts, _, edges) in links.suspects.items()
+            if not explained(busy, hosts, edges)
+            and not (k.kind == SubjectKind.LINK and nics.intersection(hosts))
+        }
+        # keep an open link subject "elevated" while any of its comms stays below the relaxed
+        # ratio
+        elevated = set()
+        for (k, subject), info in self.opened.items():
+            if k == kind:
+                comms = info.extra.get("comms", [])
+                # the group's median: with dozens of comms one always dips by jitter alone
+                # a comm back inside its own noise counts as healthy (small jobs: no peers)
+                ratios = [
+                    links.ratio[c] if links.beyond_noise[c] else 1.0
+                    for c in comms
+                    if c < links.ratio.size and np.isfinite(links.ratio[c])
+                ]
+                if ratios and float(np.median(ratios)) < self.links.relaxed_ratio:
+                    elevated.add(subject)
+        strong = {
+            k
+            for k, (_, slowdown, _) in links.suspects.items()
+            if np.isfinite(slowdown)
+            and slowdown >= 1.0 / (1.0 - 3.0 * (1.0 - self.links.slow_ratio))
+        }
+        opened, resolved = self.link_keys.update(suspects, elevated, strong)
+        out = []
+        for subject in opened:
+            hosts, _slow, edges = links.suspects.get(subject, ((), float("nan"), ()))
+            host_idx = {shape.hosts.index(h) for h in hosts if h in shape.hosts}
+            comms = [
+                c
+                for c in range(links.slow.size)
+                if links.slow[c] and host_idx & set(shape.comm_hosts[c])
+            ]
+            pos = hist.positions(0)
+            signal = (
+                quiet_nan(np.nanmedian, hist.link_ratio[comms][:, pos], axis=0)
+                if comms
+                else np.zeros(pos.size)
+            )
+            flags = signal < self.links.relaxed_ratio
+            start = date_onset(signal, flags, increase=False)
+            info = self._open(kind, start, len(pos), frame)
+            info.hosts = tuple(hosts)
+            info.extra = {"comms": comms, "edges": [list(e) for e in edges]}
+            self.opened[(kind, subject)] = info
+            out.append(self.reporter.finding(OPENED, info, subject, frame))
+        for subject in resolved:
+            info = self.opened.pop((kind, subject), None)
+            if info is not None:
+                out.append(self.reporter.finding(RESOLVED, info, subject, frame))
+        return out
+
+    # -- job slowdown --------------------------------------------------------------------------
+    def job_step(
+        self, frame: Frame, s: FrameScores, nodes: NodeScores, links: LinkScores
+    ) -> list[Finding]:
+        """A job-wide slowdown: step time >= ``job_slowdown_ratio`` x baseline in both of the last
+        two frames (one checkpoint stall cannot do that) while no GPU, node or link is suspected
+        or blamed. Dated by the job step time's confirmed change point when there is one."""
+        if not frame.has_steps:
+            return []
+        hist = self.history
+        base = hist.baseline()
+        last2 = hist.f_time[hist.positions(hist.count - 2)]
+        low = float(np.min(last2)) if last2.size == 2 and np.isfinite(last2).all() else float("nan")
+        ratio = low / base if np.isfinite(base) and base > 0 else float("nan")
+        # ... and beyond the job's own step-time noise (3 robust spreads over the history): the
+        # steps of a small job on shared CPUs vary by more than 10% with nothing wrong
+        past = hist.f_time[np.isfinite(hist.f_time)]
+        if past.size >= 20 and np.isfinite(ratio):
+            spread = 1.4826 * float(np.median(np.abs(past - np.median(past))))
+            if low - base < 3.0 * spread:
+                ratio = min(ratio, 1.0)
+        # A culprit is an open incident or one suspected in both of the last two frames: when a
+        # job-wide slowdown starts, ranks enter the slow step at slightly different times and
+        # look uneven for a frame.
+        self._culprit_seen.append(bool(s.suspect.any() or nodes.suspect.any() or links.suspects))
+        culprit = (len(self._culprit_seen) == 2 and all(self._culprit_seen)) or any(
+            info.kind != IncidentKind.JOB_SLOWDOWN for info in self.opened.values()
+        )
+        kind, key = IncidentKind.JOB_SLOWDOWN, Subject.job()
+        jr = self.job_slowdown_ratio
+        suspect = {key} if ratio >= jr and not culprit else set()
+        strong = {key} if ratio >= 1 + 2 * (jr - 1) and not culprit else set()
+        elevated = {key} if ratio >= 1 + (jr - 1) / 2 else set()
+        opened, resolved = self.job_keys.update(suspect, elevated, strong)
+        out = []
+        if key in opened:
+            pos = hist.positions(0)
+            first = hist.count - len(pos)
+            cps = self.job_cpd.points
+            flags = hist.f_time[pos] >= base * (1 + (jr - 1) / 2)
+            start = run_start(flags)
+            if cps and cps[-1].after >= jr * cps[-1].before and cps[-1].index >= first + start - 3:
+                start = cps[-1].index - first  # sample index of the job detector = frame counter
+            info = self._open(kind, max(0, min(start, len(pos) - 1)), len(pos), frame)
+            self.opened[(kind, key)] = info
+            out.append(self.reporter.finding(OPENED, info, key, frame))
+        if key in resolved:
+            info = self.opened.pop((kind, key), None)
+            if info is not None:
+                out.append(self.reporter.finding(RESOLVED, info, key, frame))
+        return out
+
+    # -- hangs ---------------------------------------------------------------------------------
+    def hang_step(self, snap: HangSnapshot, slot_of_rank: dict[int, int]) -> list[Finding]:
+        """Called every pass (frames stop closing while a job hangs)."""
+        found = self.hangs.analyse(snap)
+        key = (IncidentKind.HANG, Subject.job())
+        info = self.opened.get(key)
+        if found is None:
+            if info is not None and snap.last_progress_ns > info.onset_ns:
+                self.opened.pop(key)
+                return [self.reporter.hang_finding(RESOLVED, info, None, snap)]
+            return []
+        slots = tuple(slot_of_rank[r] for r in found.roots if r in slot_of_rank)
+        if info is None:
+            info = OpenCondition(
+                IncidentKind.HANG,
+                self.history.count,
+                -1,
+                found.onset_ns,
+                -1,
+                found.detected_ns,
+                slots,
+                found.hosts,
+            )
+            self.opened[key] = info
+            return [self.reporter.hang_finding(OPENED, info, found, snap)]
+        if slots != info.slots or found.hosts != info.hosts:
+            info.slots, info.hosts = slots, found.hosts
+            return [self.reporter.hang_finding(UPDATED, info, found, snap)]
+        return []

@@ -1,0 +1,33 @@
+"""The detectors' default parameters, in one place.
+
+Detectors take plain keyword arguments whose defaults come from here, and the service's settings
+refer to the same values (``failslow.service.detection.settings``), so a default exists once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Defaults:
+    # A rank is suspect when its peers wait for it more than this share of the step. 0.02 is what
+    # the service has always run with and what every evaluation measured (`failslow eval`).
+    late_fraction: float = 0.02
+    compute_ratio: float = 1.05  # compute time vs role peers that makes a rank suspect
+    link_ratio: float = 0.85  # bus bandwidth vs its references below which a comm is suspect
+    job_slowdown_ratio: float = 1.1  # job step time vs baseline for a job-wide slowdown
+    window: int = 5  # frames in the sliding decision window
+    open_after: int = 4  # suspect frames within the window before a condition opens
+    resolve_after: int = 8  # consecutive clean frames before a condition resolves
+    warmup_frames: int = 5  # frames ignored at job start
+    baseline_frames: int = 500  # the baseline is the fastest block median within this many
+    baseline_block: int = 10  # frames per baseline block
+    history: int = 64  # frames of per-rank history kept for dating and reports
+    update_every: int = 5  # frames between reports on open conditions
+    hang_floor_s: float = 2.0  # shortest time a collective may block before it is hung
+    hang_startup_s: float = 60.0  # how long a communicator's first collective may block
+    dead_after_s: float = 5.0  # event time without envelopes after which a host is dead
+
+
+DEFAULTS = Defaults()

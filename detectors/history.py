@@ -1,0 +1,213 @@
+"""A job's recent detector history: ring buffers of per-frame and per-rank signals, the job's
+healthy baseline step time, and each rank's usual compute ratio.
+
+Rings hold the last ``history`` frames, oldest overwritten first; ``count`` is the absolute
+number of frames recorded, and a frame's ring position is its counter modulo ``history``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from failslow.detectors.findings import rounded
+from failslow.detectors.link import LinkScores
+from failslow.detectors.robust import quiet_nan
+from failslow.detectors.straggler import FrameScores, NodeScores
+from failslow.detectors.types import Frame
+
+PER_RANK = ("compute", "late", "ratio", "cross")
+
+
+def median(a: np.ndarray) -> float:
+    """Median of the finite values (NaN when there is none)."""
+    a = np.asarray(a, dtype=np.float64)
+    return float(np.nanmedian(a)) if np.isfinite(a).any() else float("nan")
+
+
+class FrameHistory:
+    """Recent frames of one job. Mutated only by the pipeline that owns it."""
+
+    def __init__(
+        self, *, history: int, window: int, baseline_frames: int, baseline_block: int
+    ) -> None:
+        self.h = history
+        self.window = window
+        self.n = 0
+        self.count = 0  # frames recorded
+        self.has_steps = True
+        self.f_index = np.zeros(history, dtype=np.int64)
+        self.f_start = np.zeros(history, dtype=np.int64)
+        self.f_end = np.zeros(history, dtype=np.int64)
+        self.f_time = np.full(history, np.nan)  # job step time (NaN for time frames)
+        self.f_norm = np.full(history, np.nan)  # the frame's length, normaliser of lateness
+        self.elevated = np.zeros((0, history), dtype=bool)
+        self.suspect = np.zeros((0, history), dtype=bool)
+        self.compute = np.zeros((0, history), dtype=np.float32)
+        self.late = np.zeros((0, history), dtype=np.float32)
+        self.ratio = np.zeros((0, history), dtype=np.float32)
+        self.cross = np.zeros((0, history), dtype=np.float32)
+        self.link_ratio = np.zeros((0, history), dtype=np.float32)
+        self.comm_typical = np.zeros(0)  # per comm: EWMA of the mean transfer time (s)
+        # Individual baseline (NVIDIA's "individual score"): each rank's usual compute ratio vs
+        # its peers, an EWMA that never learns from elevated frames.
+        self.own_ratio = np.zeros(0)
+        # Baseline: the fastest sustained step time recently seen. Faults only slow a job down,
+        # so the minimum over block medians ignores them (and checkpoint stalls) without needing
+        # to know when they happened; a lasting legitimate slow-down is adopted once the faster
+        # blocks age out of the window.
+        self.block = baseline_block
+        self._block: list[float] = []
+        self.blocks: deque[float] = deque(maxlen=max(1, baseline_frames // baseline_block))
+
+    # -- shape ---------------------------------------------------------------------------------
+    def ensure(self, n: int, n_comms: int) -> None:
+        """Room for ``n`` rank slots and ``n_comms`` communicators."""
+        if n > self.n:
+            extra = n - self.n
+            self.elevated = np.vstack([self.elevated, np.zeros((extra, self.h), bool)])
+            self.suspect = np.vstack([self.suspect, np.zeros((extra, self.h), bool)])
+            for name in PER_RANK:
+                arr = getattr(self, name)
+                setattr(self, name, np.vstack([arr, np.full((extra, self.h), np.nan, np.float32)]))
+            self.own_ratio = np.concatenate([self.own_ratio, np.full(extra, np.nan)])
+            self.n = n
+        if n_comms > self.link_ratio.shape[0]:
+            extra = n_comms - self.link_ratio.shape[0]
+            self.link_ratio = np.vstack(
+                [self.link_ratio, np.full((extra, self.h), np.nan, np.float32)]
+            )
+            self.comm_typical = np.concatenate([self.comm_typical, np.full(extra, np.nan)])
+
+    def positions(self, since: int) -> np.ndarray:
+        """Ring positions of frames with absolute counter >= since (oldest first)."""
+        first = max(since, self.count - self.h, 0)
+        return np.arange(first, self.count) % self.h
+
+    # -- recording -----------------------------------------------------------------------------
+    def record(
+        self, frame: Frame, s: FrameScores, nodes: NodeScores, links: LinkScores, n_comms: int
+    ) -> None:
+        """Write one frame's signals at the next ring position and count it."""
+        n = frame.n
+        p = self.count % self.h
+        self.f_index[p], self.f_start[p], self.f_end[p] = frame.index, frame.start_ns, frame.end_ns
+        self.f_time[p] = s.frame_time if frame.has_steps else np.nan
+        self.f_norm[p] = s.frame_time
+        # column p of (slots, history) arrays: write each entry once (strided writes are the
+        # cost of this method at 100K ranks)
+        self.elevated[n:, p] = False
+        self.suspect[n:, p] = False
+        self.elevated[:n, p] = s.elevated
+        self.suspect[:n, p] = s.suspect
+        for name, values in (("compute", s.compute), ("late", s.late), ("ratio", s.compute_ratio)):
+            arr = getattr(self, name)
+            arr[n:, p] = np.nan
+            arr[:n, p] = values
+        self.cross[n:, p] = np.nan
+        self.cross[:n, p] = nodes.rank_ratio
+        m = min(n_comms, links.ratio.size)
+        self.link_ratio[m:, p] = np.nan
+        # within its own noise counts as healthy (dating and hysteresis agree with detection)
+        r = links.ratio[:m]
+        self.link_ratio[:m, p] = np.where(np.isfinite(r) & ~links.beyond_noise[:m], 1.0, r)
+        calls = frame.comm_calls[:n_comms]
+        if calls.size:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                mean = np.where(calls > 0, frame.comm_transfer[:n_comms] / calls, np.nan)
+            t = self.comm_typical[: mean.size]
+            self.comm_typical[: mean.size] = np.where(
+                np.isnan(t), mean, np.where(np.isnan(mean), t, 0.9 * t + 0.1 * mean)
+            )
+        self.has_steps = frame.has_steps
+        self.count += 1
+
+    def learn_own_ratio(self, ratio: np.ndarray, learn: np.ndarray) -> None:
+        """EWMA of each rank's compute ratio, for the ranks in ``learn``."""
+        n = ratio.size
+        own = self.own_ratio[:n]
+        self.own_ratio[:n] = np.where(
+            learn, np.where(np.isnan(own), ratio, 0.9 * own + 0.1 * ratio), own
+        )
+
+    # -- baseline ------------------------------------------------------------------------------
+    def baseline(self) -> float:
+        """Healthy job step time (NaN until one block of frames after warm-up was seen)."""
+        return min(self.blocks) if self.blocks else float("nan")
+
+    def add_to_baseline(self, step_time: float) -> None:
+        self._block.append(step_time)
+        if len(self._block) >= self.block:
+            self.blocks.append(float(np.median(self._block)))
+            self._block = []
+
+    def forget_baseline(self) -> None:
+        """Learn the baseline afresh (the job's normal changed, e.g. a new plan)."""
+        self.blocks.clear()
+        self._block = []
+
+    # -- reading -------------------------------------------------------------------------------
+    def gpu_signal(self, slot: int, pos: np.ndarray) -> np.ndarray:
+        """A rank's compute ratio over ``pos`` (its lateness when too few ratios exist)."""
+        ratio = self.ratio[slot, pos]
+        return ratio if np.isfinite(ratio).sum() >= 7 else self.late[slot, pos]
+
+    def job_view(self) -> dict[str, float | int | None]:
+        if self.count == 0:
+            return {
+                "step": None,
+                "step_time_s": None,
+                "baseline_step_time_s": None,
+                "slowdown": None,
+            }
+        recent = self.positions(self.count - self.window)
+        now = median(self.f_time[recent])
+        base = self.baseline()
+        last = (self.count - 1) % self.h
+        return {
+            "step": int(self.f_index[last]) if self.has_steps else None,
+            "step_time_s": rounded(now, 6),
+            "baseline_step_time_s": rounded(base, 6),
+            "slowdown": rounded(now / base)
+            if np.isfinite(base) and base > 0 and np.isfinite(now)
+            else None,
+        }
+
+    def rank_speed(self) -> np.ndarray:
+        """Per slot, recent compute speed per unit of work against *any* of its role peers
+        (1.0 = typical): the lower of the speeds against its own groups and against the same
+        role on other hosts, so that a rank whose whole host is slow counts as slow too."""
+        if self.count == 0 or self.n == 0:
+            return np.full(self.n, np.nan)
+        recent = self.positions(self.count - self.window)
+        own = quiet_nan(np.nanmedian, self.ratio[:, recent], axis=1)
+        cross = quiet_nan(np.nanmedian, self.cross[:, recent], axis=1)
+        ratio = np.fmax(own, cross)
+        return np.where(np.isfinite(ratio) & (ratio > 0), 1.0 / ratio, np.nan)
+
+    def frame_times(self, *, since_index: int | None = None, last: int = 10) -> list[float]:
+        """Step times of the newest ``last`` frames with step number >= ``since_index``."""
+        pos = self.positions(self.count - self.h)
+        keep = [
+            float(self.f_time[p])
+            for p in pos
+            if np.isfinite(self.f_time[p])
+            and (since_index is None or self.f_index[p] >= since_index)
+        ]
+        return keep[-last:]
+
+    def rank_view(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per slot ``(score, lateness_s)`` over the recent window: 1.0 = typical speed."""
+        if self.count == 0 or self.n == 0:
+            return np.full(self.n, np.nan), np.full(self.n, np.nan)
+        recent = self.positions(self.count - self.window)
+        ratio = quiet_nan(np.nanmedian, self.ratio[:, recent], axis=1)  # all-NaN rows: NaN
+        late = quiet_nan(np.nanmean, self.late[:, recent], axis=1)
+        ft = quiet_nan(np.nanmedian, self.f_norm[recent])
+        score = np.where(np.isfinite(ratio), 1.0 / ratio, np.nan)
+        if not np.isfinite(ft) or ft <= 0:
+            return score, late
+        lat_score = 1.0 - np.clip(late / ft, 0, 0.99)
+        score = np.where(np.isfinite(score), score, lat_score)
+        return score, late

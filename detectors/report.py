@@ -1,0 +1,344 @@
+"""What a finding says: the numbers (job and subject slowdown, confidence), the evidence and the
+reason in words, computed from the history of an open condition."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from failslow.detectors.findings import Finding, rounded
+from failslow.detectors.hang import HangFinding, HangSnapshot
+from failslow.detectors.history import FrameHistory, median
+from failslow.detectors.hosts import host_outlier_scores
+from failslow.detectors.lifecycle import ConditionTracker
+from failslow.detectors.link import LinkScores
+from failslow.detectors.robust import group_median, quiet_nan
+from failslow.detectors.straggler import FrameScores
+from failslow.detectors.types import Frame, JobShape
+from failslow.detectors.vocab import FindingStatus, IncidentKind, Subject
+
+# the numbers of a report: (job slowdown, subject slowdown, confidence, reason, evidence)
+Numbers = tuple[float, float, float, str, dict[str, Any]]
+
+
+@dataclass(slots=True)
+class OpenCondition:
+    """A condition from its opening until it resolves."""
+
+    kind: IncidentKind
+    onset_pos: int  # absolute frame counter of the onset
+    onset_index: int
+    onset_ns: int
+    detected_index: int
+    detected_ns: int
+    slots: tuple[int, ...] = ()
+    hosts: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+    redate_at: int = -1  # frame counter at which to re-date the onset with more data
+    # the numbers of the last report while open: a resolution reports what the fault was, not
+    # the recovered frames it is decided on
+    last: Numbers | None = None
+
+
+def fading(last: Numbers | None, now: float) -> bool:
+    """An update whose subject has lost more than half of its slowdown since the last report:
+    the condition is fading out (recovered frames awaiting hysteresis), not a new level."""
+    if last is None or not np.isfinite(last[1]) or last[1] <= 1.0:
+        return False
+    return not np.isfinite(now) or now - 1.0 < 0.5 * (last[1] - 1.0)
+
+
+class Reporter:
+    """Turns open conditions into findings. Reads the history; changes nothing but the
+    conditions' remembered numbers."""
+
+    def __init__(
+        self,
+        *,
+        history: FrameHistory,
+        gpus: ConditionTracker,
+        window: int,
+        late_fraction: float,
+    ) -> None:
+        self.history = history
+        self.gpus = gpus  # the slow-GPU tracker: its suspect counts say how sure a report is
+        self.window = window
+        self.late_fraction = late_fraction
+        self.shape: JobShape | None = None
+        self.scores: FrameScores | None = None
+        self.links: LinkScores | None = None
+
+    def observe(self, shape: JobShape, scores: FrameScores, links: LinkScores) -> None:
+        """The frame being processed (host outliers are computed on it)."""
+        self.shape, self.scores, self.links = shape, scores, links
+
+    # -- slow GPU, node, link and job slowdown -------------------------------------------------
+    def finding(
+        self, status: FindingStatus, info: OpenCondition, subject: Subject, frame: Frame
+    ) -> Finding:
+        hist = self.history
+        since = hist.positions(info.onset_pos)
+        recent = since[-self.window :] if since.size else hist.positions(hist.count - 1)
+        job_now = median(hist.f_time[since[-self.window :]] if since.size else hist.f_time[recent])
+        base = hist.baseline()
+        slowdown = job_now / base if np.isfinite(base) and base > 0 else float("nan")
+        frame_time = median(hist.f_norm[recent])
+        evidence: dict[str, Any] = {
+            "job_step_time_s": rounded(job_now, 6),
+            "baseline_step_time_s": rounded(base, 6),
+        }
+        confidence = 0.9
+        if info.kind == IncidentKind.SLOW_GPU:
+            subject_slowdown, confidence, reason, ev = self._gpu(
+                info, since, recent, frame, frame_time
+            )
+            evidence.update(ev)
+            late_s = ev.get("lateness_s") or 0.0
+            if np.isfinite(job_now) and job_now > late_s:
+                evidence["step_time_without_culprit_s"] = rounded(job_now - late_s, 6)
+                evidence["attributed_slowdown"] = rounded(job_now / (job_now - late_s))
+        elif info.kind == IncidentKind.SLOW_NODE:
+            subject_slowdown, reason = self._node(info, recent, job_now, evidence)
+        elif info.kind == IncidentKind.SLOW_LINK:
+            subject_slowdown, reason = self._link(info, recent, evidence)
+        else:  # job_slowdown
+            subject_slowdown = slowdown
+            reason = (
+                f"job step time {job_now:.3f}s is {slowdown:.2f}x its baseline {base:.3f}s and"
+                " no GPU, node or link is to blame"
+            )
+            evidence.update(
+                {
+                    "detector": "job_slowdown",
+                    "method": "BOCPD + ruptures change point on job step time",
+                }
+            )
+        if status is FindingStatus.OPENED and info.kind in (
+            IncidentKind.SLOW_NODE,
+            IncidentKind.SLOW_LINK,
+        ):
+            evidence["host_outliers"] = self.host_outliers(info.hosts)
+        if info.last is not None and (
+            status is FindingStatus.RESOLVED or fading(info.last, subject_slowdown)
+        ):  # report what the fault was, not the recovered frames awaiting hysteresis
+            slowdown, subject_slowdown, confidence, reason, evidence = info.last
+            evidence = dict(evidence)
+        elif status is not FindingStatus.RESOLVED:
+            info.last = (slowdown, subject_slowdown, confidence, reason, dict(evidence))
+        if status is FindingStatus.RESOLVED:
+            reason = f"condition absent for {self.gpus.resolve_after}+ frames; " + reason
+        evidence["reason"] = reason
+        detected_index = (
+            (frame.index if status is FindingStatus.RESOLVED else info.detected_index)
+            if frame.has_steps
+            else None
+        )
+        return Finding(
+            kind=info.kind,
+            status=status,
+            subject=subject,
+            slots=info.slots,
+            hosts=info.hosts,
+            onset_index=info.onset_index if frame.has_steps else None,
+            onset_ns=info.onset_ns,
+            detected_index=detected_index,
+            detected_ns=frame.end_ns if status is FindingStatus.RESOLVED else info.detected_ns,
+            slowdown=rounded(slowdown),
+            subject_slowdown=rounded(subject_slowdown),
+            confidence=round(confidence, 3),
+            reason=reason,
+            evidence=evidence,
+            has_steps=frame.has_steps,
+        )
+
+    def _node(
+        self, info: OpenCondition, recent: np.ndarray, job_now: float, evidence: dict[str, Any]
+    ) -> tuple[float, str]:
+        hist = self.history
+        members = list(info.slots)
+        ratio = median(hist.cross[members][:, recent]) if members else float("nan")
+        late = float("nan")
+        if members:
+            late = median(quiet_nan(np.nanmax, hist.late[members][:, recent], axis=0))
+        reason = (
+            f"{len(members)} ranks of {info.hosts[0]} compute {ratio:.2f}x their data-parallel"
+            " peers on other"
+            f" hosts, together"
+        )
+        evidence.update(
+            {
+                "detector": "slow_node",
+                "compute_ratio": rounded(ratio),
+                "lateness_s": rounded(late, 6),
+                "method": "compute vs cross-host role peers, majority of the host's ranks",
+            }
+        )
+        if np.isfinite(job_now) and np.isfinite(late) and job_now > late:
+            evidence["attributed_slowdown"] = rounded(job_now / (job_now - late))
+        return ratio, reason
+
+    def _link(
+        self, info: OpenCondition, recent: np.ndarray, evidence: dict[str, Any]
+    ) -> tuple[float, str]:
+        comms = info.extra.get("comms", [])
+        ratio = median(self.history.link_ratio[comms][:, recent]) if comms else float("nan")
+        subject_slowdown = (
+            1.0 / ratio if ratio and np.isfinite(ratio) and ratio > 0 else float("nan")
+        )
+        edges = info.extra.get("edges", [])
+        where = (
+            f"the NIC of {info.hosts[0]}"
+            if len(info.hosts) == 1
+            else (
+                f"the link between {info.hosts[0]} and {info.hosts[1]}"
+                if len(edges) == 1
+                else f"one of {len(edges)} ring links among {', '.join(info.hosts)}"
+                " (passive data cannot tell which)"
+            )
+        )
+        reason = (
+            f"{len(comms)} communicators crossing {where} move data at {ratio:.0%} of their"
+            " usual bus bandwidth"
+        )
+        evidence.update(
+            {
+                "detector": "slow_link",
+                "busbw_ratio": rounded(ratio),
+                "communicators": len(comms),
+                "candidate_edges": edges,
+                "ambiguous": len(edges) > 1,
+                "method": "bus bandwidth vs own best and same-kind peers; the NIC or cable"
+                " whose communicators best match the slow ones",
+            }
+        )
+        return subject_slowdown, reason
+
+    def _gpu(
+        self,
+        info: OpenCondition,
+        since: np.ndarray,
+        recent: np.ndarray,
+        frame: Frame,
+        frame_time: float,
+    ) -> tuple[float, float, str, dict[str, Any]]:
+        hist = self.history
+        slot = info.slots[0]
+        before = hist.positions(info.onset_pos - hist.h)
+        before = before[: max(0, len(before) - len(since))]
+        late_s = median(hist.late[slot, recent])
+        ratio_now = median(hist.ratio[slot, recent])
+        comp_now = hist.compute[slot, since] if since.size else hist.compute[slot, recent]
+        comp_before = hist.compute[slot, before]
+        own_now, own_before = median(comp_now), median(comp_before)
+        own_ok = np.isfinite(own_before) and own_before > 0 and np.isfinite(own_now)
+        if frame.has_steps and own_ok and np.isfinite(comp_before).sum() >= 3:
+            subject, basis = own_now / own_before, "own compute time now vs before onset"
+        elif np.isfinite(ratio_now):
+            subject, basis = ratio_now, "compute time vs role peers"
+        elif np.isfinite(late_s) and np.isfinite(frame_time) and frame_time > late_s:
+            subject, basis = (
+                frame_time / (frame_time - late_s),
+                "estimated from lateness (no step records)",
+            )
+        else:
+            subject, basis = float("nan"), "unknown"
+        late_fraction = (
+            late_s / frame_time if frame_time and np.isfinite(frame_time) else float("nan")
+        )
+        gpus = self.gpus
+        suspects = int(gpus.suspect_count()[slot]) if slot < gpus.bits.size else 0
+        strong_run = int(gpus.strong_run[slot]) if slot < gpus.strong_run.size else 0
+        strength = (
+            min(1.0, late_fraction / (2 * self.late_fraction))
+            if np.isfinite(late_fraction)
+            else 0.5
+        )
+        evidence_frames = min(self.window, suspects + strong_run)  # a strong frame counts twice
+        confidence = max(0.0, min(0.99, (max(evidence_frames, 1) / self.window) * strength))
+        reason = (
+            f"late in every communicator it uses in {suspects}/{self.window} recent frames: "
+            f"peers wait {late_s * 1e3:.1f} ms per step ({late_fraction:.1%} of step time)"
+        )
+        if np.isfinite(ratio_now):
+            reason += f"; compute {ratio_now:.2f}x its role peers"
+        evidence = {
+            "detector": "peer_lateness",
+            "method": "clock-free lateness (min over comm kinds) + compute vs role peers",
+            "lateness_s": rounded(late_s, 6),
+            "late_fraction": rounded(late_fraction),
+            "compute_ratio": rounded(ratio_now),
+            "compute_s": rounded(own_now, 6),
+            "compute_before_s": rounded(own_before, 6),
+            "subject_slowdown_basis": basis,
+            "suspect_frames": suspects,
+            "window": self.window,
+        }
+        return subject, confidence, reason, evidence
+
+    # -- hangs ---------------------------------------------------------------------------------
+    def hang_finding(
+        self,
+        status: FindingStatus,
+        info: OpenCondition,
+        found: HangFinding | None,
+        snap: HangSnapshot,
+    ) -> Finding:
+        reason = found.reason if found else "collectives progress again"
+        evidence: dict[str, Any] = dict(found.evidence) if found else {}
+        evidence.update(
+            {
+                "detector": "hang",
+                "method": "blocked collectives past an adaptive timeout, dependency analysis",
+            }
+        )
+        return Finding(
+            kind=IncidentKind.HANG,
+            status=status,
+            subject=Subject.job(),
+            slots=info.slots,
+            hosts=info.hosts,
+            onset_index=None,
+            onset_ns=info.onset_ns,
+            detected_index=None,
+            detected_ns=info.detected_ns if status is FindingStatus.OPENED else snap.now_ns,
+            slowdown=None,
+            subject_slowdown=None,
+            confidence=0.99 if info.slots else 0.6,
+            reason=reason,
+            evidence=evidence,
+            has_steps=self.history.has_steps,
+        )
+
+    # -- hosts ---------------------------------------------------------------------------------
+    def host_outliers(self, hosts: tuple[str, ...]) -> dict[str, Any]:
+        """Robust (MCD) outlier distance of the incident's hosts among all hosts, last frame."""
+        shape, s, links = self.shape, self.scores, self.links
+        if shape is None or s is None or links is None or not hosts:
+            return {}
+        hist = self.history
+        n = min(s.compute.size, shape.host_of_slot.size)
+        host = shape.host_of_slot[:n]
+        p = (hist.count - 1) % hist.h
+        cross = hist.cross[:n, p].astype(np.float64)
+        late = s.late_fraction[:n]
+        feats = np.column_stack(
+            [
+                group_median(cross, host, shape.n_hosts),
+                group_median(late, host, shape.n_hosts),
+                np.nan_to_num(links.host_slow_fraction[: shape.n_hosts], nan=0.0),
+            ]
+        )
+        dist, pval = host_outlier_scores(feats)
+        out = {}
+        for h in hosts:
+            if h in shape.hosts:
+                i = shape.hosts.index(h)
+                out[h] = {"distance": rounded(dist[i], 2), "p_value": rounded(pval[i], 6)}
+        rank = np.argsort(-np.nan_to_num(dist, nan=-1.0))[:3]
+        return {
+            "hosts": out,
+            "most_unusual": [shape.hosts[i] for i in rank if np.isfinite(dist[i])],
+            "method": "robust Mahalanobis distance (MinCovDet) over per-host features",
+        }

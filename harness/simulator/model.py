@@ -1,0 +1,148 @@
+"""What the simulated job is made of: its workload, network and noise, the plan it runs
+under, and the costs of its compute segments and transfers under the injected faults."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from failslow.harness.simulator.faults import Fault
+from failslow.harness.simulator.layout import Layout
+
+ALG_FACTOR = {
+    "allreduce": lambda n: 2 * (n - 1) / n,
+    "allgather": lambda n: (n - 1) / n,
+    "reducescatter": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+    "alltoall": lambda n: (n - 1) / n,
+    "barrier": lambda n: 0.0,
+}
+
+
+@dataclass(frozen=True)
+class Workload:
+    microbatches: int = 4
+    tp_per_chunk: int = 2  # TP collectives per forward (and per backward) chunk of a microbatch
+    fwd_s: float = 0.012  # one forward compute segment
+    bwd_s: float = 0.024  # one backward compute segment
+    optimizer_s: float = 0.02
+    tp_bytes: int = 16 << 20
+    pp_bytes: int = 8 << 20
+    dp_bytes: int = 256 << 20
+    dp_buckets: int = 1
+
+
+@dataclass(frozen=True)
+class Network:
+    nvlink_bytes_s: float = 200e9
+    nic_bytes_s: float = 25e9
+    latency_s: float = 20e-6
+
+
+@dataclass(frozen=True)
+class Noise:
+    jitter: float = 0.02  # lognormal sigma of each compute segment
+    static_spread: float = 0.01  # per-rank fixed speed spread (sigma)
+    net_jitter: float = 0.05  # lognormal sigma of transfer times
+    exit_jitter_s: float = 20e-6  # spread of members' exit from one collective
+    spike_prob: float = 0.01  # per step: one random rank gets one very slow segment
+    spike_factor: tuple[float, float] = (2.0, 5.0)
+    checkpoint_every: int = 0  # steps between job-wide stalls (0 = none)
+    checkpoint_s: float = 1.0
+    clock_offset_s: float = 0.002  # per-host clock offsets drawn from U(-x, x)
+
+    @staticmethod
+    def none() -> Noise:
+        return Noise(0.0, 0.0, 0.0, 0.0, 0.0, (1.0, 1.0), 0, 0.0, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanState:
+    """What the simulated job runs under from a step on (a published failslow plan)."""
+
+    version: int = 0
+    shares: tuple[int, ...] | None = None  # micro-batches per data-parallel index
+    comm_names: tuple[tuple[str, str], ...] = ()  # layout comm -> re-created comm (new order)
+
+
+class Costs:
+    """Compute factors, stuck ranks and transfer times under the faults (a part of
+    :class:`~failslow.harness.simulator.engine.Simulation`)."""
+
+    if TYPE_CHECKING:
+        layout: Layout
+        faults: tuple[Fault, ...]
+        replaced: set[str]
+        net: Network
+        noise: Noise
+        rng: np.random.Generator
+        ranks: list
+
+    def _gone(self, fault: Fault) -> bool:
+        """The fault's hardware left the job (its host was replaced after an isolation)."""
+        if not self.replaced:  # the common case, on every compute segment: no set building
+            return False
+        hosts = set(fault.hosts) | {self.layout.host(r) for r in fault.ranks}
+        return bool(hosts) and hosts <= self.replaced
+
+    def _compute_factor(self, rank: int, host: str, step: int) -> float:
+        f = 1.0
+        for fault in self.faults:
+            if not fault.active(step) or self._gone(fault):
+                continue
+            hits = (
+                (fault.kind == "slow_gpu" and rank in fault.ranks)
+                or (fault.kind == "slow_node" and host in fault.hosts)
+                or fault.kind == "job_slowdown"
+            )
+            if hits:
+                f *= fault.factor
+        return f
+
+    def _stuck(self, rank: int, host: str, step: int) -> bool:
+        for fault in self.faults:
+            if self._gone(fault):
+                continue
+            if fault.kind == "hang" and rank in fault.ranks and fault.active(step):
+                return True
+            if fault.kind == "dead_host" and host in fault.hosts and fault.active(step):
+                return True
+        return False
+
+    def _link_bw(self, a: int, b: int, step: int) -> float:
+        if a == b:
+            return self.net.nvlink_bytes_s
+        hosts = self.layout.hosts
+        bw_a = bw_b = self.net.nic_bytes_s
+        pair = 1.0
+        for fault in self.faults:
+            if not fault.active(step) or self._gone(fault):
+                continue
+            if fault.kind == "slow_nic":
+                if hosts[a] in fault.hosts:
+                    bw_a /= fault.factor
+                if hosts[b] in fault.hosts:
+                    bw_b /= fault.factor
+            elif fault.kind == "slow_link" and {hosts[a], hosts[b]} == set(fault.hosts):
+                pair *= fault.factor
+        return min(bw_a, bw_b) / pair
+
+    def _transfer(self, members: tuple[int, ...], op: str, nbytes: int, step: int) -> float:
+        n = len(members)
+        if n < 2:
+            return self.net.latency_s
+        hosts = [self.ranks[m].host for m in members]
+        if op in ("send", "recv"):
+            bw = self._link_bw(hosts[0], hosts[1], step)
+            factor = 1.0
+        else:
+            bw = min(self._link_bw(hosts[i], hosts[(i + 1) % n], step) for i in range(n))
+            factor = ALG_FACTOR[op](n)
+        t = self.net.latency_s * (n - 1 if op not in ("send", "recv") else 1) + factor * nbytes / bw
+        if self.noise.net_jitter:
+            t *= math.exp(self.rng.normal(0, self.noise.net_jitter))
+        return t

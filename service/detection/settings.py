@@ -1,0 +1,85 @@
+"""Detector parameters (``FAILSLOW_DETECTION__*``); their defaults are the detectors' own."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field, model_validator
+
+from failslow.detectors.defaults import DEFAULTS
+
+
+class DetectionSettings(BaseModel):
+    interval_s: float = Field(default=0.25, gt=0, description="Period of the detection loop.")
+    late_fraction: float = Field(
+        default=DEFAULTS.late_fraction,
+        gt=0,
+        description="Lateness (peers' wait per step / step time) above which a rank is suspect.",
+    )
+    compute_ratio: float = Field(
+        default=DEFAULTS.compute_ratio,
+        gt=1,
+        description="Compute time vs role peers above which a rank is suspect.",
+    )
+    link_ratio: float = Field(
+        default=DEFAULTS.link_ratio,
+        gt=0,
+        lt=1,
+        description="Bus bandwidth vs its references below which a communicator is suspect.",
+    )
+    job_slowdown_ratio: float = Field(
+        default=DEFAULTS.job_slowdown_ratio,
+        gt=1,
+        description="Job step time vs baseline that makes a job-wide slowdown.",
+    )
+    hang_timeout_floor_s: float = Field(
+        default=DEFAULTS.hang_floor_s,
+        gt=0,
+        description="Shortest time a collective may block before it is hung.",
+    )
+    hang_startup_timeout_s: float = Field(
+        default=DEFAULTS.hang_startup_s,
+        gt=0,
+        description="How long a communicator's first collective may block (waiting for the "
+        "last rank to start, lazy connection set-up) before it is hung.",
+    )
+    dead_host_after_s: float = Field(
+        default=DEFAULTS.dead_after_s,
+        gt=0,
+        description="Event time without envelopes after which a host is dead.",
+    )
+    window: int = Field(
+        default=DEFAULTS.window,
+        ge=1,
+        description="Frames in the sliding decision window.",
+    )
+    open_after: int = Field(
+        default=DEFAULTS.open_after,
+        ge=1,
+        description="Suspect frames within the window before an incident opens.",
+    )
+    resolve_after: int = Field(
+        default=DEFAULTS.resolve_after,
+        ge=1,
+        description="Consecutive clean frames before an incident resolves.",
+    )
+    warmup_frames: int = Field(
+        default=DEFAULTS.warmup_frames,
+        ge=0,
+        description="Frames ignored at job start (compilation, warm-up).",
+    )
+    baseline_frames: int = Field(
+        default=DEFAULTS.baseline_frames,
+        ge=10,
+        description="Baseline = fastest 10-step median step time within this many recent frames.",
+    )
+    top_k: int = Field(
+        default=5, ge=0, description="Slowest ranks per job exported with a rank label."
+    )
+    history_every_steps: int = Field(
+        default=10, ge=1, description="Steps per downsampled per-rank history row."
+    )
+
+    @model_validator(mode="after")
+    def _window(self) -> DetectionSettings:
+        if self.open_after > self.window:
+            raise ValueError("detection.open_after must be <= detection.window")
+        return self

@@ -1,0 +1,36 @@
+"""Active link probe settings (``FAILSLOW_PROBES__*``)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class ProbeSettings(BaseModel):
+    """Active link probes (pairwise bandwidth tests run by the node agents)."""
+
+    enabled: bool = Field(
+        default=True, description="Probe ambiguous slow links (agents need --probe-listen)."
+    )
+    bytes: int = Field(
+        default=4 << 20, ge=1024, le=64 << 20, description="Bytes sent each way per pair test."
+    )
+    min_interval_s: float = Field(
+        default=300.0, ge=0, description="Rate limit: at most one campaign per job this often."
+    )
+    during_critical: bool = Field(
+        default=False, description="Also probe while the job declares a critical phase."
+    )
+    task_timeout_s: float = Field(default=30.0, gt=0, description="A running test's deadline.")
+    pickup_timeout_s: float = Field(
+        default=60.0, gt=0, description="A test no agent picked up by then has failed."
+    )
+    endpoint_ttl_s: float = Field(
+        default=60.0, gt=0, description="An agent's probe endpoint is known this long per poll."
+    )
+    slow_below: float = Field(
+        default=0.5, gt=0, lt=1, description="A pair slower than this x the fast pairs is slow."
+    )
+    endpoint_wait_s: float = Field(
+        default=10.0, ge=0, description="How long a campaign waits for every host's endpoint."
+    )
+    keep_campaigns: int = Field(default=20, ge=1, description="Campaigns kept per job.")

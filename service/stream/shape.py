@@ -1,0 +1,157 @@
+"""Views of a job's state that detectors take as input (built under the job lock)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from failslow.detectors.hang import BlockedCollective, HangSnapshot
+from failslow.detectors.types import KIND_INDEX, P2P, JobShape, PeerGroups
+from failslow.service.stream.frames import NEVER
+from failslow.service.stream.state import JobState
+from failslow.service.stream.topology import Topology
+
+ROLE_KINDS = ("tp", "dp", "ep", "cp")  # comms whose members do equal work
+CROSS_KINDS = ("dp", "ep", "cp")  # ... and whose members are usually on different hosts
+
+
+def job_shape(topo: Topology) -> JobShape:
+    """Dense arrays of hosts, role groups and ring edges. Host indices follow first appearance,
+    so they stay stable as hosts join."""
+    hosts = tuple(topo.hosts)
+    host_index = {h: i for i, h in enumerate(hosts)}
+    host_of_slot = np.array(
+        [host_index.get(topo.ranks[r].host or "", -1) for r in topo.slot_rank], dtype=np.int64
+    )
+    comms = topo.comm_list
+    groups = [c.slots for c in comms if c.kind in ROLE_KINDS]
+    if not groups:
+        groups = [c.slots for c in comms if c.kind == "world"]
+    if not groups and topo.n_slots >= 2:
+        groups = [np.arange(topo.n_slots)]
+    comm_hosts: list[tuple[int, ...]] = []
+    comm_edges: list[frozenset[tuple[int, int]]] = []
+    cross: list[np.ndarray] = []
+    for c in comms:
+        ring = [int(host_of_slot[s]) for s in c.slots if s < host_of_slot.size]
+        known = [h for h in ring if h >= 0]
+        comm_hosts.append(tuple(sorted(set(known))))
+        edges = set()
+        n = len(ring)
+        for i in range(n if n > 2 else n - 1):
+            a, b = ring[i], ring[(i + 1) % n]
+            if a >= 0 and b >= 0 and a != b:
+                edges.add((min(a, b), max(a, b)))
+        comm_edges.append(frozenset(edges))
+        if c.kind in CROSS_KINDS and len(set(known)) >= 2:
+            cross.append(c.slots)
+    if not cross:
+        cross = [c.slots for c in comms if c.kind == "world" and len(comm_hosts[c.index]) >= 2]
+    kinds = np.array(
+        [P2P if c.kind == "p2p" else KIND_INDEX[c.kind] for c in comms], dtype=np.int64
+    )
+    edge_id: dict[tuple[int, int], int] = {}
+    ch = [(i, h) for i, hs in enumerate(comm_hosts) for h in hs]
+    ce = [(i, edge_id.setdefault(e, len(edge_id))) for i, es in enumerate(comm_edges) for e in es]
+    # A communicator re-created with the same members (a re-plan changes only its ring order)
+    # inherits its predecessor's history: the newest earlier comm with the same kind and members.
+    parent = np.full(len(comms), -1, dtype=np.int64)
+    seen: dict[tuple[str, tuple[int, ...]], int] = {}
+    for c in comms:
+        key = (c.kind, tuple(sorted(c.ranks)))
+        if key in seen:
+            parent[c.index] = seen[key]
+        seen[key] = c.index
+    ch_arr = np.array(ch, dtype=np.int64).reshape(-1, 2)
+    ce_arr = np.array(ce, dtype=np.int64).reshape(-1, 2)
+    return JobShape(
+        hosts=hosts,
+        host_of_slot=host_of_slot,
+        groups=PeerGroups.from_groups(groups),
+        cross_groups=PeerGroups.from_groups(cross),
+        comm_kind=kinds,
+        comm_size=np.array([len(c.ranks) for c in comms], dtype=np.int64),
+        comm_hosts=tuple(comm_hosts),
+        comm_edges=tuple(comm_edges),
+        ch_comm=ch_arr[:, 0],
+        ch_host=ch_arr[:, 1],
+        ce_comm=ce_arr[:, 0],
+        ce_edge=ce_arr[:, 1],
+        edges=np.array(sorted(edge_id, key=edge_id.__getitem__), dtype=np.int64).reshape(-1, 2),
+        comm_parent=parent,
+    )
+
+
+def blocked_collectives(
+    state: JobState, *, older_than_ns: int, typical: np.ndarray
+) -> list[BlockedCollective]:
+    """Incomplete collectives whose first member entered before ``older_than_ns`` and, when
+    there are any, every younger one that a member is inside: ranks waiting there wait for
+    someone else, and the hang detector follows them to whoever that is.
+
+    Pending collectives are kept in arrival order, so the scan for old ones stops at the first
+    young one; the younger ones are only scanned when something is old.
+    """
+    out: list[BlockedCollective] = []
+    comms = state.topology.comms
+    newest = state.frames.newest_end
+    old = True
+    for (name, seq), entry in state.assembler.pending.items():
+        if old and entry.first_ns >= older_than_ns:
+            if not out:
+                break
+            old = False
+        if not old and entry.finished >= entry.reported:
+            continue  # nobody inside it
+        comm = comms.get(name)
+        if comm is None:
+            continue
+        t = float(typical[comm.index]) if comm.index < typical.size else float("nan")
+        progress = int(max((newest[s] for s in comm.slots if s < newest.size), default=0))
+        out.append(
+            BlockedCollective(
+                name,
+                seq,
+                comm.ranks,
+                tuple(entry.starts),
+                tuple(entry.ends),
+                t,
+                entry.seen_ns,
+                progress,
+            )
+        )
+    return out
+
+
+def hang_snapshot(
+    state: JobState,
+    blocked: list[BlockedCollective],
+    *,
+    step_time_s: float,
+) -> HangSnapshot:
+    """What the hang detector sees of a job now (under the job lock): the blocked collectives,
+    where every rank lives, when each host last reported, and when each member of a blocked
+    collective last completed something (a collective or a step)."""
+    topo = state.topology
+    newest_step = state.frames.newest_end
+    last_call = state.assembler.last_end
+    last_end: dict[int, int] = {}
+    for b in blocked:
+        for r in b.members:
+            if r in last_end:
+                continue
+            end = last_call.get(r, 0)
+            info = topo.ranks.get(r)
+            if info is not None and info.slot < newest_step.size:
+                step_end = int(newest_step[info.slot])
+                if step_end != NEVER:
+                    end = max(end, step_end)
+            last_end[r] = end
+    return HangSnapshot(
+        now_ns=state.watermark_ns,
+        blocked=tuple(blocked),
+        host_of_rank={r: i.host for r, i in topo.ranks.items() if i.host is not None},
+        host_last_ns={h: i.last_sent_ns for h, i in topo.hosts.items()},
+        last_progress_ns=state.frames.last_progress_ns,
+        step_time_s=step_time_s,
+        rank_last_end=last_end,
+    )

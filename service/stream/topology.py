@@ -1,0 +1,178 @@
+"""A job's topology: ranks (dense slots), hosts and communicators, as announced by agents."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from failslow.service.stream.records import CommAnnouncement, RankAnnouncement, RecordError, Reject
+
+
+@dataclass(slots=True)
+class RankInfo:
+    rank: int
+    slot: int
+    host: str | None = None
+    gpu: int | None = None
+
+
+@dataclass(slots=True)
+class HostInfo:
+    host: str
+    first_seen_ns: int
+    last_sent_ns: int
+    last_wall: float  # monotonic seconds of the last envelope; staleness is judged in wall time
+    ranks: set[int] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class CommInfo:
+    comm: str
+    kind: str
+    ranks: tuple[int, ...]
+    slots: np.ndarray  # member slots in comm order
+    position: dict[int, int]  # rank -> index in ``ranks``
+    index: int = 0  # dense number of the comm within its job
+
+
+class Topology:
+    """Ranks, hosts and comms of one job. Mutated only under the job lock."""
+
+    def __init__(self, *, max_ranks: int, max_comms: int) -> None:
+        self.max_ranks = max_ranks
+        self.max_comms = max_comms
+        self.ranks: dict[int, RankInfo] = {}
+        self.slot_rank: list[int] = []
+        self.hosts: dict[str, HostInfo] = {}
+        self.comms: dict[str, CommInfo] = {}
+        self.comm_list: list[CommInfo] = []  # by index
+        self._slot_tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._slot_tables_version = -1
+        self.world_size: int | None = None
+        self.version = 0  # bumped on every change; detectors cache derived groups by it
+        self.dirty_ranks: set[int] = set()
+        self.dirty_comms: set[str] = set()
+
+    # -- ranks -------------------------------------------------------------------------------
+    def slot(self, rank: int) -> int:
+        info = self.ranks.get(rank)
+        if info is None:
+            info = self._new_rank(rank)
+        return info.slot
+
+    def _new_rank(self, rank: int) -> RankInfo:
+        if len(self.ranks) >= self.max_ranks:
+            raise RecordError(Reject.LIMIT, f"job exceeds {self.max_ranks} ranks")
+        info = RankInfo(rank=rank, slot=len(self.slot_rank))
+        self.ranks[rank] = info
+        self.slot_rank.append(rank)
+        self.version += 1
+        return info
+
+    @property
+    def n_slots(self) -> int:
+        return len(self.slot_rank)
+
+    def announce_rank(self, host: str, ann: RankAnnouncement) -> None:
+        info = self.ranks.get(ann.rank) or self._new_rank(ann.rank)
+        changed = False
+        if info.host != host:
+            if info.host is not None and info.host in self.hosts:
+                self.hosts[info.host].ranks.discard(ann.rank)
+            info.host = host
+            changed = True
+        if ann.gpu is not None and info.gpu != ann.gpu:
+            info.gpu = ann.gpu
+            changed = True
+        if host in self.hosts:
+            self.hosts[host].ranks.add(ann.rank)
+        if ann.world_size is not None and ann.world_size != self.world_size:
+            self.world_size = ann.world_size
+        if changed:
+            self.dirty_ranks.add(ann.rank)
+            self.version += 1
+
+    def check_rank_host(self, rank: int, host: str) -> int:
+        """Slot of ``rank`` reported by ``host``; an unannounced rank is placed on that host."""
+        info = self.ranks.get(rank)
+        if info is None:
+            info = self._new_rank(rank)
+        if info.host is None:
+            info.host = host
+            self.hosts[host].ranks.add(rank)
+            self.dirty_ranks.add(rank)
+            self.version += 1
+        elif info.host != host:
+            raise RecordError(
+                Reject.WRONG_HOST, f"rank {rank} lives on host {info.host}, not {host}"
+            )
+        return info.slot
+
+    # -- hosts -------------------------------------------------------------------------------
+    def touch_host(self, host: str, sent_ns: int, wall: float) -> bool:
+        """Record an envelope from ``host``; True when the host is new."""
+        info = self.hosts.get(host)
+        if info is None:
+            self.hosts[host] = HostInfo(host, sent_ns, sent_ns, wall)
+            return True
+        info.last_sent_ns = max(info.last_sent_ns, sent_ns)
+        info.last_wall = wall
+        return False
+
+    # -- comms -------------------------------------------------------------------------------
+    def announce_comm(self, ann: CommAnnouncement) -> None:
+        existing = self.comms.get(ann.comm)
+        if existing is not None:
+            if existing.ranks != ann.ranks:
+                raise RecordError(Reject.CONFLICT, f"conflicting member list for comm {ann.comm}")
+            if existing.kind != ann.kind:
+                raise RecordError(
+                    Reject.CONFLICT, f"conflicting kind for comm {ann.comm}: {existing.kind}"
+                )
+            return
+        if len(self.comms) >= self.max_comms:
+            raise RecordError(Reject.LIMIT, f"job exceeds {self.max_comms} comms")
+        missing = sum(1 for r in ann.ranks if r not in self.ranks)
+        if len(self.ranks) + missing > self.max_ranks:
+            raise RecordError(Reject.LIMIT, f"job exceeds {self.max_ranks} ranks")
+        slots = np.fromiter((self.slot(r) for r in ann.ranks), dtype=np.int64, count=len(ann.ranks))
+        info = CommInfo(
+            ann.comm,
+            ann.kind,
+            ann.ranks,
+            slots,
+            {r: i for i, r in enumerate(ann.ranks)},
+            len(self.comm_list),
+        )
+        self.comms[ann.comm] = info
+        self.comm_list.append(info)
+        self.dirty_comms.add(ann.comm)
+        self.version += 1
+
+    # -- views -------------------------------------------------------------------------------
+    def member_slots(self, size: int, comm_index: np.ndarray) -> np.ndarray:
+        """(k, size) member slots of the comms ``comm_index`` (all of member count ``size``)."""
+        matrix, row_of = self.slot_table(size)
+        return matrix[row_of[comm_index]]
+
+    def slot_table(self, size: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(matrix, row_of)``: member slots of every comm of member count ``size`` (one row
+        each, in comm order) and, per comm index, its row (-1 for other sizes)."""
+        if self._slot_tables_version != len(self.comm_list):
+            self._slot_tables.clear()
+            self._slot_tables_version = len(self.comm_list)
+        table = self._slot_tables.get(size)
+        if table is None:
+            rows = [c for c in self.comm_list if len(c.ranks) == size]
+            row_of = np.full(len(self.comm_list), -1, dtype=np.int64)
+            row_of[[c.index for c in rows]] = np.arange(len(rows))
+            matrix = np.stack([c.slots for c in rows]) if rows else np.zeros((0, size), np.int64)
+            table = self._slot_tables[size] = (matrix, row_of)
+        return table
+
+    def rank_hosts(self) -> list[str | None]:
+        return [self.ranks[r].host for r in self.slot_rank]
+
+    def slots_of_hosts(self, hosts: set[str]) -> set[int]:
+        return {self.ranks[r].slot for h in hosts if h in self.hosts for r in self.hosts[h].ranks}
