@@ -6,7 +6,7 @@ ARG PYTHON_IMAGE=python:3.11-slim
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY failslow failslow
+COPY cli cli
 COPY service service
 COPY harness harness
 COPY agents agents

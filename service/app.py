@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from starlette.concurrency import run_in_threadpool
 
-from failslow import __version__
+from failslow.service import __version__
 from failslow.service.actions import service as actions_db
 from failslow.service.actions.router import router as actions_router
 from failslow.service.actions.scheduler import Mitigation

@@ -17,6 +17,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from failslow.detectors.vocab import IncidentKind
+from failslow.service.stream.reading import JobStateName
+
 log = logging.getLogger(__name__)
 
 DELAY_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
@@ -177,10 +180,8 @@ class LiveCollector(Collector):
             "Time peers waited for the rank per step; incident ranks and top-K slowest only.",
             labels=["job", "rank", "host"],
         )
-        jobs_by_state: dict[str, int] = {"healthy": 0, "degraded": 0, "hung": 0, "stale": 0}
-        open_by_kind = {
-            k: 0 for k in ("slow_gpu", "slow_node", "slow_link", "hang", "job_slowdown")
-        }
+        jobs_by_state: dict[str, int] = dict.fromkeys(JobStateName, 0)
+        open_by_kind: dict[str, int] = dict.fromkeys(IncidentKind, 0)
         try:
             for s in self._jobs():
                 if s.step_time_s is not None:

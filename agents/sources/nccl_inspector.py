@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from failslow.detectors.vocab import CommKind
+
 MAX_LINE = 1 << 20
 
 
@@ -202,21 +204,21 @@ class RankMap:
 
 
 _KIND_WORDS = (
-    ("ep", ("EXPERT", "EP ")),
-    ("tp", ("TENSOR", "TP ")),
-    ("pp", ("PIPELINE", "PP ")),
-    ("cp", ("CONTEXT", "CP ")),
-    ("dp", ("DATA", "DP ")),
+    (CommKind.EP, ("EXPERT", "EP ")),
+    (CommKind.TP, ("TENSOR", "TP ")),
+    (CommKind.PP, ("PIPELINE", "PP ")),
+    (CommKind.CP, ("CONTEXT", "CP ")),
+    (CommKind.DP, ("DATA", "DP ")),
 )
 
 
-def kind_of(comm_name: str, size: int, world: int | None) -> str:
+def kind_of(comm_name: str, size: int, world: int | None) -> CommKind:
     """A v1 comm kind from Megatron/PyTorch-style names ("DP Group 0", "TENSOR_MODEL_...")."""
     name = comm_name.upper() + " "
     for kind, words in _KIND_WORDS:
         if any(w in name for w in words):
             return kind
-    return "world" if world is not None and size == world else "other"
+    return CommKind.WORLD if world is not None and size == world else CommKind.OTHER
 
 
 def comm_id(rec: InspectorRecord) -> str:
@@ -239,7 +241,7 @@ def to_v1(rec: InspectorRecord, ranks: RankMap) -> tuple[dict[str, Any], dict[st
         end_ns = rec.dump_us * 1000
         start_ns = end_ns - int(round(rec.exec_us * 1000))
     cid = comm_id(rec)
-    kind = "p2p" if rec.p2p else kind_of(rec.comm_name, len(members), ranks.world_size)
+    kind = CommKind.P2P if rec.p2p else kind_of(rec.comm_name, len(members), ranks.world_size)
     comm = {"comm": cid, "kind": kind, "ranks": list(members)}
     record: dict[str, Any] = {
         "rank": members[rec.comm_rank],

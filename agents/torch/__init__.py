@@ -47,6 +47,7 @@ import torch
 from failslow.agents.torch.ddp import ddp_hook
 from failslow.agents.torch.patching import Patching
 from failslow.agents.torch.process_group import timed_group
+from failslow.detectors.vocab import CommKind
 
 __all__ = ["Instrumentation"]
 
@@ -56,12 +57,12 @@ class Instrumentation(Patching):
     :meth:`install` wraps the functions, :meth:`step` marks steps, :meth:`process_group` times
     what DDP does on a group, :meth:`ddp_hook` does it as a comm hook."""
 
-    def process_group(self, group: Any = None, name: str = "dp", kind: str = "dp") -> Any:
+    def process_group(self, group: Any = None, name: str = "dp", kind: str = CommKind.DP) -> Any:
         """See :func:`~failslow.agents.torch.process_group.timed_group`."""
         return timed_group(self, group, name, kind)
 
     def ddp_hook(
-        self, name: str = "dp", kind: str = "dp", group: Any = None
+        self, name: str = "dp", kind: str = CommKind.DP, group: Any = None
     ) -> Callable[[Any, Any], torch.futures.Future[torch.Tensor]]:
         """See :func:`~failslow.agents.torch.ddp.ddp_hook`."""
         return ddp_hook(self, name=name, kind=kind, group=group)

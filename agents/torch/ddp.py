@@ -11,10 +11,11 @@ import torch
 import torch.distributed as dist
 
 from failslow.agents.torch.timing import CallTimer, group_ranks, nbytes_of
+from failslow.detectors.vocab import CommKind, Op
 
 
 def ddp_hook(
-    inst: CallTimer, name: str = "dp", kind: str = "dp", group: Any = None
+    inst: CallTimer, name: str = "dp", kind: str = CommKind.DP, group: Any = None
 ) -> Callable[[Any, Any], torch.futures.Future[torch.Tensor]]:
     """A DDP comm hook doing what DDP's default does (scale the bucket by 1 / group size,
     all-reduce it) and timing each bucket's all-reduce. Use it as
@@ -33,13 +34,13 @@ def ddp_hook(
         seq = inst._next(name)
         nbytes = nbytes_of(tensor)
         start = inst.clock()
-        inst._begin(name, seq, "allreduce", nbytes, start, None)
+        inst._begin(name, seq, Op.ALLREDUCE, nbytes, start, None)
         event = inst._event_start(tensor)
         fut = all_reduce(tensor, group=group, async_op=True).get_future()
 
         def done(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
             # on CUDA, PyTorch runs this with a current stream that waits for the all-reduce
-            inst._complete(name, seq, "allreduce", nbytes, start, None, event)
+            inst._complete(name, seq, Op.ALLREDUCE, nbytes, start, None, event)
             return f.value()[0]
 
         return fut.then(done)

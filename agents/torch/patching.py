@@ -12,21 +12,22 @@ from typing import Any
 import torch.distributed as dist
 
 from failslow.agents.torch.timing import CallTimer, TimedWork, group_ranks, nbytes_of
+from failslow.detectors.vocab import CommKind, Op
 
 COLLECTIVES = {
-    "all_reduce": "allreduce",
-    "all_gather": "allgather",
-    "all_gather_into_tensor": "allgather",
-    "all_gather_single": "allgather",
-    "reduce_scatter": "reducescatter",
-    "reduce_scatter_tensor": "reducescatter",
-    "broadcast": "broadcast",
-    "reduce": "reduce",
-    "all_to_all": "alltoall",
-    "all_to_all_single": "alltoall",
-    "barrier": "barrier",
+    "all_reduce": Op.ALLREDUCE,
+    "all_gather": Op.ALLGATHER,
+    "all_gather_into_tensor": Op.ALLGATHER,
+    "all_gather_single": Op.ALLGATHER,
+    "reduce_scatter": Op.REDUCESCATTER,
+    "reduce_scatter_tensor": Op.REDUCESCATTER,
+    "broadcast": Op.BROADCAST,
+    "reduce": Op.REDUCE,
+    "all_to_all": Op.ALLTOALL,
+    "all_to_all_single": Op.ALLTOALL,
+    "barrier": Op.BARRIER,
 }
-P2P = {"send": "send", "recv": "recv", "isend": "send", "irecv": "recv"}
+P2P = {"send": Op.SEND, "recv": Op.RECV, "isend": Op.SEND, "irecv": Op.RECV}
 ASYNC_P2P = ("isend", "irecv")
 
 
@@ -74,8 +75,9 @@ class Patching(CallTimer):
                 name = self._names.get(key)
                 if name is None:
                     ranks = group_ranks(group)
-                    kind = "world" if len(ranks) == dist.get_world_size() else "other"
-                    name = "world" if kind == "world" else "pg-" + "-".join(map(str, ranks))
+                    world = len(ranks) == dist.get_world_size()
+                    kind = CommKind.WORLD if world else CommKind.OTHER
+                    name = "world" if world else "pg-" + "-".join(map(str, ranks))
                     self._names[key] = name
                     self.recorder.register_comm(name, kind, ranks)
         return name
@@ -87,7 +89,7 @@ class Patching(CallTimer):
         comm = f"p2p-{lo}-{hi}"
         if comm not in self._pairs:
             self._pairs.add(comm)
-            self.recorder.register_comm(comm, "p2p", [lo, hi])
+            self.recorder.register_comm(comm, CommKind.P2P, [lo, hi])
         return comm, self._next(f"{comm}:{a}>{b}", 2, 0 if a < b else 1)
 
     # -- wrapping --------------------------------------------------------------------------------
@@ -120,7 +122,7 @@ class Patching(CallTimer):
             try:
                 group = arg(args, kwargs, "group")
                 if p2p:
-                    sending = op == "send"
+                    sending = op == Op.SEND
                     peer = arg(args, kwargs, "dst" if sending else "src")
                     if peer is None:
                         group_peer = arg(args, kwargs, "group_dst" if sending else "group_src")

@@ -8,6 +8,7 @@ from typing import Any
 import torch.distributed as dist
 
 from failslow.agents.torch.timing import CallTimer, group_ranks, nbytes_of
+from failslow.detectors.vocab import Op
 
 
 def timed_group(inst: CallTimer, group: Any, name: str, kind: str) -> Any:
@@ -37,13 +38,13 @@ def timed_group(inst: CallTimer, group: Any, name: str, kind: str) -> Any:
 # The methods of ProcessGroup that a Python subclass can override (PyTorch's PyProcessGroup
 # trampoline) and that are timed; -> the v1 op name and the argument holding the payload.
 _PG_TIMED = {
-    "allreduce": ("allreduce", 0),
-    "allreduce_coalesced": ("allreduce", 0),
-    "broadcast": ("broadcast", 0),
-    "allgather": ("allgather", 1),
-    "reduce_scatter": ("reducescatter", 1),
-    "all_to_all_single": ("alltoall", 1),
-    "barrier": ("barrier", None),
+    "allreduce": (Op.ALLREDUCE, 0),
+    "allreduce_coalesced": (Op.ALLREDUCE, 0),
+    "broadcast": (Op.BROADCAST, 0),
+    "allgather": (Op.ALLGATHER, 1),
+    "reduce_scatter": (Op.REDUCESCATTER, 1),
+    "all_to_all_single": (Op.ALLTOALL, 1),
+    "barrier": (Op.BARRIER, None),
 }
 
 

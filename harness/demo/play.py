@@ -19,10 +19,12 @@ import httpx
 
 from failslow.agents.plan import PlanClient
 from failslow.agents.sdk import Recorder
+from failslow.detectors.vocab import IncidentKind
 from failslow.harness.demo.story import JOB, MICROBATCHES, story
 from failslow.harness.demo.terminal import BOLD, GREEN, RED, YELLOW, Terminal, pick_port
 from failslow.harness.simulator import Fault, closedloop
 from failslow.harness.simulator.engine import Simulation
+from failslow.harness.simulator.faults import FaultKind
 
 
 class Demo:
@@ -140,7 +142,7 @@ class Demo:
     # -- the story -------------------------------------------------------------------------------
     def describe_fault(self, f: Fault) -> str:
         lay = self.scenario.layout
-        if f.kind == "slow_gpu":
+        if f.kind == FaultKind.SLOW_GPU:
             r = f.ranks[0]
             where = f"GPU {lay.gpu(r)} on {lay.host(r)}"
             return f"slow GPU: rank {r} ({where}) computes {f.factor:g}x slower"
@@ -312,11 +314,15 @@ class Demo:
         (and nothing else was reported)."""
         self.term.line("")
         expected = {
-            ("slow_gpu", (13,), ()): "the injected slow GPU (rank 13)",
-            ("slow_link", (), ("node-005",)): "the injected slow NIC (node-005)",
+            (IncidentKind.SLOW_GPU, (13,), ()): "the injected slow GPU (rank 13)",
+            (IncidentKind.SLOW_LINK, (), ("node-005",)): "the injected slow NIC (node-005)",
         }
         got = {
-            (i["kind"], tuple(i["ranks"]), tuple(i["hosts"]) if i["kind"] == "slow_link" else ()): i
+            (
+                i["kind"],
+                tuple(i["ranks"]),
+                tuple(i["hosts"]) if i["kind"] == IncidentKind.SLOW_LINK else (),
+            ): i
             for i in self.incidents
         }
         ok = True

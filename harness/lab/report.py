@@ -3,11 +3,32 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
-FAULTS = ("compute", "link", "hang")
-EXPECTED = {"compute": "slow_gpu", "link": "slow_link", "hang": "hang"}
-LOCALIZED_KINDS = ("slow_gpu", "slow_node", "slow_link", "hang")
+from failslow.detectors.vocab import IncidentKind
+
+
+class LabFault(StrEnum):
+    """What the lab injects into a real rank."""
+
+    COMPUTE = "compute"  # a cgroup cpu quota
+    LINK = "link"  # tc tbf on its veth
+    HANG = "hang"  # SIGSTOP
+
+
+FAULTS = tuple(LabFault)
+EXPECTED = {
+    LabFault.COMPUTE: IncidentKind.SLOW_GPU,
+    LabFault.LINK: IncidentKind.SLOW_LINK,
+    LabFault.HANG: IncidentKind.HANG,
+}
+LOCALIZED_KINDS = (
+    IncidentKind.SLOW_GPU,
+    IncidentKind.SLOW_NODE,
+    IncidentKind.SLOW_LINK,
+    IncidentKind.HANG,
+)
 
 
 @dataclass
@@ -35,7 +56,9 @@ def table(out: dict[str, Any]) -> str:
     rows = [("fault", "target", "found", "incident", "subject", "delay", "resolved")]
     for f in out["faults"]:
         subject = (
-            ",".join(f["hosts"]) if f["kind"] == "slow_link" else ",".join(map(str, f["ranks"]))
+            ",".join(f["hosts"])
+            if f["kind"] == IncidentKind.SLOW_LINK
+            else ",".join(map(str, f["ranks"]))
         )
         delay = f"{f['delay_steps']} st / {f['delay_s']} s" if f["detected"] else "-"
         resolved = f"yes ({f['resolve_s']} s)" if f["resolved"] else "no"

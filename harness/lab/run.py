@@ -39,7 +39,8 @@ from typing import Any
 
 import httpx
 
-from failslow.harness.lab.report import EXPECTED, LOCALIZED_KINDS, FaultResult, table
+from failslow.detectors.vocab import IncidentKind
+from failslow.harness.lab.report import EXPECTED, LOCALIZED_KINDS, FaultResult, LabFault, table
 from failslow.harness.lab.system import CpuQuota, LabError, LabNetwork, cleanup_stale
 
 
@@ -209,27 +210,27 @@ class Lab:
     def matches(fault: str, inc: dict[str, Any], rank: int, host: str) -> bool:
         if inc["kind"] != EXPECTED[fault]:
             return False
-        if fault == "link":  # a NIC or a host pair; a longer list (ambiguous) is not localised
+        if fault == LabFault.LINK:  # a NIC or a host pair; longer lists (ambiguous) are not
             return host in inc.get("hosts", []) and len(inc.get("hosts", [])) <= 2
         return list(inc.get("ranks", [])) == [rank]
 
     # -- faults --------------------------------------------------------------------------------
     def inject(self, fault: str, i: int) -> None:
-        if fault == "compute":
+        if fault == LabFault.COMPUTE:
             self.quota = CpuQuota(f"{self.args.prefix}-rank{i}", self.cpu_quota).__enter__()
             self.quota.add(self.trainer_pid(i))
-        elif fault == "link":
+        elif fault == LabFault.LINK:
             self.net.throttle(i, rate=self.args.link_rate)
-        elif fault == "hang":
+        elif fault == LabFault.HANG:
             os.kill(self.trainer_pid(i), signal.SIGSTOP)
 
     def recover(self, fault: str, i: int) -> None:
-        if fault == "compute" and self.quota is not None:
+        if fault == LabFault.COMPUTE and self.quota is not None:
             self.quota.close()
             self.quota = None
-        elif fault == "link":
+        elif fault == LabFault.LINK:
             self.net.unthrottle(i)
-        elif fault == "hang":
+        elif fault == LabFault.HANG:
             os.kill(self.trainer_pid(i), signal.SIGCONT)
 
     def run_fault(self, fault: str) -> FaultResult:
@@ -237,10 +238,10 @@ class Lab:
         other = (i + 1) % self.n  # a healthy rank's progress counts the steps
         res = FaultResult(fault, i, self.host(i), self.step(), time.time_ns())
         how = {
-            "compute": f"cgroup cpu quota {self.cpu_quota:g} CPU "
+            LabFault.COMPUTE: f"cgroup cpu quota {self.cpu_quota:g} CPU "
             f"({self.args.cpu_quota:.0%} of its healthy share)",
-            "link": f"tc tbf {self.args.link_rate} on its veth, both ways",
-            "hang": "SIGSTOP",
+            LabFault.LINK: f"tc tbf {self.args.link_rate} on its veth, both ways",
+            LabFault.HANG: "SIGSTOP",
         }[fault]
         self.say(f"inject {fault} on rank {i} ({self.host(i)}) at step {res.injected_step}: {how}")
         self.inject(fault, i)
@@ -262,14 +263,14 @@ class Lab:
             res.summary = found["summary"]
             det = int(found["detected_ns"])
             res.delay_s = round(max(0, det - res.injected_ns) / 1e9, 2)
-            if fault == "hang":  # no steps are completed during a hang: count step times
+            if fault == LabFault.HANG:  # no steps are completed during a hang: count step times
                 res.delay_steps = round(res.delay_s / self.step_time_s, 1)
             else:
                 res.delay_steps = self.steps_between(other, res.injected_ns, det)
             self.say(f"  found after {res.delay_s} s / {res.delay_steps} steps: {found['summary']}")
         else:
             self.say(f"  NOT found within {self.args.detect_timeout:.0f} s")
-        if found is not None and fault != "hang" and self.args.hold_steps:
+        if found is not None and fault != LabFault.HANG and self.args.hold_steps:
             # keep the fault a while: the incident must stay put (one incident, one subject)
             self.wait_steps(self.args.hold_steps, 120.0)
             found = self.http.get(f"{self.url}/v1/incidents/{found['id']}").json()
@@ -337,7 +338,7 @@ class Lab:
             for inc in incidents
             if inc["kind"] in LOCALIZED_KINDS and inc["id"] not in expected
         ]
-        job_slowdowns = sum(1 for inc in incidents if inc["kind"] == "job_slowdown")
+        job_slowdowns = sum(1 for inc in incidents if inc["kind"] == IncidentKind.JOB_SLOWDOWN)
         ok = (
             all(
                 r.detected

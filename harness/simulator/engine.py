@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from failslow.harness.simulator.faults import Fault
+from failslow.harness.simulator.faults import Fault, FaultKind
 from failslow.harness.simulator.layout import CommSpec, Layout
 from failslow.harness.simulator.model import Costs, Network, Noise, PlanState, Workload
 
@@ -292,7 +292,7 @@ class Simulation(Costs):
             if self._stuck(r.rank, host, r.step):
                 r.dead = True
                 for fault in self.faults:
-                    if fault.kind == "dead_host" and host in fault.hosts:
+                    if fault.kind == FaultKind.DEAD_HOST and host in fault.hosts:
                         self.host_dead_at.setdefault(r.host, t)
                 return
             op = r.ops[r.pc]

@@ -3,18 +3,34 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any
 
-KINDS = ("slow_gpu", "slow_node", "slow_nic", "slow_link", "hang", "dead_host", "job_slowdown")
+from failslow.detectors.vocab import IncidentKind
+
+
+class FaultKind(StrEnum):
+    """What the simulator can break."""
+
+    SLOW_GPU = "slow_gpu"  # one rank computes ``factor`` x slower
+    SLOW_NODE = "slow_node"  # every rank of one host does
+    SLOW_NIC = "slow_nic"  # one host's network bandwidth / ``factor``
+    SLOW_LINK = "slow_link"  # the cable between two hosts
+    HANG = "hang"  # one rank stops inside a collective
+    DEAD_HOST = "dead_host"  # one host stops, its agent too
+    JOB_SLOWDOWN = "job_slowdown"  # every rank computes slower
+
+
+KINDS = tuple(FaultKind)
 # What a correct detector should report for each injected fault.
 EXPECTED_INCIDENT = {
-    "slow_gpu": "slow_gpu",
-    "slow_node": "slow_node",
-    "slow_nic": "slow_link",
-    "slow_link": "slow_link",
-    "hang": "hang",
-    "dead_host": "hang",
-    "job_slowdown": "job_slowdown",
+    FaultKind.SLOW_GPU: IncidentKind.SLOW_GPU,
+    FaultKind.SLOW_NODE: IncidentKind.SLOW_NODE,
+    FaultKind.SLOW_NIC: IncidentKind.SLOW_LINK,
+    FaultKind.SLOW_LINK: IncidentKind.SLOW_LINK,
+    FaultKind.HANG: IncidentKind.HANG,
+    FaultKind.DEAD_HOST: IncidentKind.HANG,
+    FaultKind.JOB_SLOWDOWN: IncidentKind.JOB_SLOWDOWN,
 }
 
 
@@ -27,7 +43,7 @@ class Fault:
     ``period`` steps, starting on.
     """
 
-    kind: str
+    kind: FaultKind
     start_step: int
     end_step: int | None = None
     factor: float = 1.5
@@ -39,11 +55,13 @@ class Fault:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown fault kind {self.kind!r}; one of {KINDS}")
-        if self.kind in ("slow_gpu", "hang") and len(self.ranks) != 1:
+        object.__setattr__(self, "kind", FaultKind(self.kind))
+        if self.kind in (FaultKind.SLOW_GPU, FaultKind.HANG) and len(self.ranks) != 1:
             raise ValueError(f"{self.kind} needs exactly one rank")
-        if self.kind in ("slow_node", "slow_nic", "dead_host") and len(self.hosts) != 1:
+        one_host = (FaultKind.SLOW_NODE, FaultKind.SLOW_NIC, FaultKind.DEAD_HOST)
+        if self.kind in one_host and len(self.hosts) != 1:
             raise ValueError(f"{self.kind} needs exactly one host")
-        if self.kind == "slow_link" and len(self.hosts) != 2:
+        if self.kind == FaultKind.SLOW_LINK and len(self.hosts) != 2:
             raise ValueError("slow_link needs two hosts")
         if self.factor <= 0:
             raise ValueError("factor must be > 0")

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from failslow.harness.simulator.faults import Fault
+from failslow.harness.simulator.faults import Fault, FaultKind
 from failslow.harness.simulator.layout import Layout
 
 ALG_FACTOR = {
@@ -95,9 +95,9 @@ class Costs:
             if not fault.active(step) or self._gone(fault):
                 continue
             hits = (
-                (fault.kind == "slow_gpu" and rank in fault.ranks)
-                or (fault.kind == "slow_node" and host in fault.hosts)
-                or fault.kind == "job_slowdown"
+                (fault.kind == FaultKind.SLOW_GPU and rank in fault.ranks)
+                or (fault.kind == FaultKind.SLOW_NODE and host in fault.hosts)
+                or fault.kind == FaultKind.JOB_SLOWDOWN
             )
             if hits:
                 f *= fault.factor
@@ -107,9 +107,9 @@ class Costs:
         for fault in self.faults:
             if self._gone(fault):
                 continue
-            if fault.kind == "hang" and rank in fault.ranks and fault.active(step):
+            if fault.kind == FaultKind.HANG and rank in fault.ranks and fault.active(step):
                 return True
-            if fault.kind == "dead_host" and host in fault.hosts and fault.active(step):
+            if fault.kind == FaultKind.DEAD_HOST and host in fault.hosts and fault.active(step):
                 return True
         return False
 
@@ -122,12 +122,12 @@ class Costs:
         for fault in self.faults:
             if not fault.active(step) or self._gone(fault):
                 continue
-            if fault.kind == "slow_nic":
+            if fault.kind == FaultKind.SLOW_NIC:
                 if hosts[a] in fault.hosts:
                     bw_a /= fault.factor
                 if hosts[b] in fault.hosts:
                     bw_b /= fault.factor
-            elif fault.kind == "slow_link" and {hosts[a], hosts[b]} == set(fault.hosts):
+            elif fault.kind == FaultKind.SLOW_LINK and {hosts[a], hosts[b]} == set(fault.hosts):
                 pair *= fault.factor
         return min(bw_a, bw_b) / pair
 

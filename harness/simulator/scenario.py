@@ -8,7 +8,7 @@ from typing import Any
 
 from failslow.agents.wire import collective_dict, step_dict
 from failslow.harness.simulator.engine import Simulation
-from failslow.harness.simulator.faults import Fault
+from failslow.harness.simulator.faults import Fault, FaultKind
 from failslow.harness.simulator.layout import Layout
 from failslow.harness.simulator.model import Network, Noise, Workload
 
@@ -104,9 +104,9 @@ class Scenario:
         faults = []
         for i, f in enumerate(self.faults):
             d = f.label()
-            if f.kind == "slow_gpu" or f.kind == "hang":
+            if f.kind in (FaultKind.SLOW_GPU, FaultKind.HANG):
                 d["hosts"] = [self.layout.host(f.ranks[0])]
-            if f.kind in ("slow_node", "dead_host"):
+            if f.kind in (FaultKind.SLOW_NODE, FaultKind.DEAD_HOST):
                 d["ranks"] = self.layout.ranks_of_host(f.hosts[0])
             onset = sim.fault_onset.get(i)
             d["onset_ns"] = self.t0_ns + int(onset * 1e9) if onset is not None else None

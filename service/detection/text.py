@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from failslow.detectors.findings import Finding
+from failslow.detectors.vocab import IncidentKind
 
 
 def _who(rank: int, info: dict[int, tuple[str | None, int | None]]) -> str:
@@ -30,17 +31,17 @@ def _pct(x: float | None) -> str:
 def summary_for(
     f: Finding, ranks: list[int], hosts: list[str], info: dict[int, tuple[str | None, int | None]]
 ) -> str:
-    if f.kind == "slow_gpu":
+    if f.kind == IncidentKind.SLOW_GPU:
         who = _who(ranks[0], info) if ranks else "a rank"
         lead = f"{who[0].upper()}{who[1:]} is {_pct(f.subject_slowdown)} than its peers"
         text = f"{lead} {_since(f)}{_job(f)}."
-    elif f.kind == "slow_node":
+    elif f.kind == IncidentKind.SLOW_NODE:
         text = (
             f"{hosts[0]} is slow: its {len(ranks)} GPUs compute {_pct(f.subject_slowdown)} "
             "than the same ranks "
             f"on other hosts {_since(f)}{_job(f)}."
         )
-    elif f.kind == "slow_link":
+    elif f.kind == IncidentKind.SLOW_LINK:
         edges = f.evidence.get("candidate_edges") or []
         if len(hosts) == 1:
             where = f"The network link of {hosts[0]} is slow"
@@ -53,7 +54,7 @@ def summary_for(
             )
         factor = f"{f.subject_slowdown:.1f}x" if f.subject_slowdown else "several times"
         text = f"{where}: communicators crossing it move data {factor} slower {_since(f)}{_job(f)}."
-    elif f.kind == "hang":
+    elif f.kind == IncidentKind.HANG:
         if ranks:
             roots = ", ".join(_who(r, info) for r in ranks[:4]) + (
                 f" and {len(ranks) - 4} more" if len(ranks) > 4 else ""

@@ -2,24 +2,11 @@
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, Field
 
-
-class JobStateName(StrEnum):
-    HEALTHY = "healthy"
-    DEGRADED = "degraded"  # an open slow incident
-    HUNG = "hung"  # an open hang
-    STALE = "stale"  # no envelope for longer than the staleness timeout
-
-
-class RankState(StrEnum):
-    OK = "ok"
-    SLOW = "slow"
-    HUNG = "hung"
-    STALE = "stale"  # no recent telemetry: missing data is not failure
+from failslow.service.stream.reading import JobStateName, RankState
 
 
 class JobSummary(BaseModel):

@@ -14,8 +14,8 @@ from failslow.detectors.vocab import SLOW_KINDS, IncidentKind
 from failslow.service.incidents.models import Incident, IncidentState
 from failslow.service.jobs import service as jobs_db
 from failslow.service.jobs.models import Job
-from failslow.service.jobs.schemas import JobDetail, JobStateName, JobSummary, RankOut, RankState
-from failslow.service.stream.reading import DetectionReader
+from failslow.service.jobs.schemas import JobDetail, JobSummary, RankOut
+from failslow.service.stream.reading import DetectionReader, JobStateName, RankState
 from failslow.service.stream.registry import JobRegistry
 from failslow.service.stream.state import JobState
 

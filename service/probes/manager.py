@@ -25,9 +25,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from failslow.detectors.vocab import IncidentKind
 from failslow.service.db import session_scope
 from failslow.service.ids import new_id
-from failslow.service.incidents.models import Incident
+from failslow.service.incidents.models import Incident, IncidentState
 from failslow.service.incidents.service import add_notes
 from failslow.service.metrics import Metrics
 from failslow.service.probes.schedule import Pair, PairResult, analyse, plan_rounds
@@ -168,12 +169,14 @@ class ProbeManager:
             hangs: dict[str, list[str]] = {}
             for job, inc in s.execute(
                 select(Incident.job_id, Incident.id).where(
-                    Incident.state == "open", Incident.kind == "hang"
+                    Incident.state == IncidentState.OPEN, Incident.kind == IncidentKind.HANG
                 )
             ):
                 hangs.setdefault(job, []).append(inc)
             rows = s.scalars(
-                select(Incident).where(Incident.state == "open", Incident.kind == "slow_link")
+                select(Incident).where(
+                    Incident.state == IncidentState.OPEN, Incident.kind == IncidentKind.SLOW_LINK
+                )
             ).all()
             wanted = [
                 (r.job_id, r.id, list(r.hosts), (r.evidence or {}).get("candidate_edges") or [])

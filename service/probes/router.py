@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, Field
 
+from failslow.detectors.vocab import IncidentKind
 from failslow.service.context import CtxDep, IngestAuth, JobClientAuth, JobId, ReadAuth, SessionDep
 from failslow.service.errors import Conflict, NotFound
 from failslow.service.incidents.models import Incident
@@ -112,7 +113,7 @@ def post_hang_evidence(
     row = session.get(Incident, incident, with_for_update=True)
     if row is None or row.job_id != job:
         raise NotFound(f"no incident {incident!r} in job {job!r}")
-    if row.kind != "hang":
+    if row.kind != IncidentKind.HANG:
         raise Conflict(f"incident {incident!r} is a {row.kind}, not a hang")
     before = dict(row.evidence or {})
     row.evidence = merge(before, body)

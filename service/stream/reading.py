@@ -9,9 +9,26 @@ that readers below detection (``jobs``) can use it without importing detection.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Protocol
 
 import numpy as np
+
+
+class JobStateName(StrEnum):
+    """A job's state as readers see it (spec section 2)."""
+
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"  # an open slow incident
+    HUNG = "hung"  # an open hang
+    STALE = "stale"  # no envelope for longer than the staleness timeout
+
+
+class RankState(StrEnum):
+    OK = "ok"
+    SLOW = "slow"
+    HUNG = "hung"
+    STALE = "stale"  # no recent telemetry: missing data is not failure
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""``python -m failslow``: the ``failslow`` command."""
+"""``python -m failslow.cli``: the ``failslow`` command."""
 
 import sys
 
