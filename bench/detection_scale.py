@@ -31,8 +31,8 @@ from bench.common import save  # noqa: E402
 from failslow.detectors.pipeline import JobPipeline  # noqa: E402
 from failslow.detectors.types import KIND_INDEX, P2P  # noqa: E402
 from failslow.service.settings import StateSettings  # noqa: E402
-from failslow.service.stream.assembly import ReadyBatch  # noqa: E402
 from failslow.service.stream.frames import FrameBuilder  # noqa: E402
+from failslow.service.stream.join import ReadyBatch  # noqa: E402
 from failslow.service.stream.records import (  # noqa: E402
     CommAnnouncement,
     RankAnnouncement,
@@ -164,7 +164,7 @@ def measure(n: int, steps: int) -> dict[str, float]:
     # steady state: after the longest history a detector keeps (the link detector's 200-frame
     # noise ring) has filled; shorter runs time their second half
     tail = slice(STEADY if steps >= STEADY + 10 else steps // 2, None)
-    found = [k for k in pipe.opened if k[0] == "slow_gpu"]
+    found = [(str(k), str(s)) for k, s in pipe.opened if k == "slow_gpu"]
     total = [a + b for a, b in zip(frames_s[tail], detect_s[tail], strict=True)]
     return {
         "ranks": n,
