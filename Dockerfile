@@ -9,6 +9,7 @@ COPY pyproject.toml README.md ./
 COPY cli cli
 COPY service service
 COPY harness harness
+COPY wire wire
 COPY agents agents
 COPY detectors detectors
 COPY migrations migrations

@@ -24,6 +24,9 @@ from failslow.service.errors import install_handlers
 from failslow.service.incidents.router import router as incidents_router
 from failslow.service.ingest.router import router as ingest_router
 from failslow.service.ingest.schemas import envelope_schema
+from failslow.service.ingest.service import Committer
+from failslow.service.ingest.v2 import TopologyIn
+from failslow.service.ingest.v2 import router as ingest_v2_router
 from failslow.service.jobs import service as jobs_db
 from failslow.service.jobs.router import router as jobs_router
 from failslow.service.live import job_samples, open_by_kind
@@ -85,7 +88,10 @@ def build_context(settings: Settings) -> AppContext:
     )
     mitigation.recover()
     probes = ProbeManager(settings=settings.probes, sessions=sessions, metrics=metrics)
-    ctx = AppContext(settings, engine, sessions, metrics, jobs, detection, mitigation, probes)
+    committer = Committer(sessions)
+    ctx = AppContext(
+        settings, engine, sessions, metrics, jobs, detection, mitigation, probes, committer
+    )
     metrics.add(
         LiveCollector(jobs=lambda: job_samples(ctx), open_incidents=lambda: open_by_kind(ctx))
     )
@@ -100,13 +106,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         ctx = await run_in_threadpool(build_context, settings)
         app.state.ctx = ctx
         task = asyncio.create_task(detection_loop(ctx), name="failslow-detection")
+        committer = asyncio.create_task(ctx.committer.run(), name="failslow-commit")
         log.info("failslow %s ready (database %s)", __version__, ctx.engine.url.render_as_string())
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            for t in (task, committer):
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
             ctx.engine.dispose()
 
     app = FastAPI(
@@ -117,6 +125,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     install_handlers(app)
     app.include_router(ingest_router)
+    app.include_router(ingest_v2_router)
     app.include_router(jobs_router)
     app.include_router(incidents_router)
     app.include_router(actions_router)
@@ -136,6 +145,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         components.update(parts)
         components["Envelope"] = envelope
+        topology = TopologyIn.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(topology.pop("$defs", {}))
+        components["TopologyIn"] = topology
         app.openapi_schema = schema
         return schema
 

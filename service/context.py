@@ -19,6 +19,7 @@ from failslow.service.stream.registry import JobRegistry
 if TYPE_CHECKING:  # the engines are built by create_app; routers only use what they hold
     from failslow.service.actions.scheduler import Mitigation
     from failslow.service.detection.engine import DetectionEngine
+    from failslow.service.ingest.service import Committer
     from failslow.service.probes.manager import ProbeManager
     from failslow.service.settings import Settings
 
@@ -33,6 +34,7 @@ class AppContext:
     detection: DetectionEngine
     mitigation: Mitigation
     probes: ProbeManager
+    committer: Committer
     ingest_inflight: int = 0
 
 

@@ -83,6 +83,21 @@ class Conflict(FailslowError):
     title = "Conflict"
 
 
+class UnknownTopology(FailslowError):
+    """A v2 envelope names a topology its host has not registered (or the service forgot it, e.g.
+    after a restart): the agent registers again and re-sends."""
+
+    status = 409
+    slug = "unknown-topology"
+    title = "Unknown topology"
+
+
+class InvalidTopology(FailslowError):
+    status = 422
+    slug = "invalid-topology"
+    title = "Invalid topology"
+
+
 class Unavailable(FailslowError):
     status = 503
     slug = "unavailable"

@@ -48,8 +48,8 @@ def job_samples(ctx: AppContext) -> Iterator[JobSample]:
             hosts = {r: state.topology.ranks[r].host for r in slot_rank}
             stale_hosts = sum(1 for h in state.topology.hosts if state.host_stale(h, now))
             n_hosts = len(state.topology.hosts)
-            pending = len(state.assembler.pending)
-            inflight = sum(1 for e in state.assembler.pending.values() if e.finished < e.reported)
+            pending = state.joiner.pending_groups
+            inflight = state.joiner.inflight_count()
         name = job_state_name(state, kinds)
         series: list[tuple[int, str, float | None, float | None]] = []
         scores = ctx.detection.rank_scores(state.job) if slot_rank else None

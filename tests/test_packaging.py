@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = ("cli", "service", "agents", "detectors", "harness", "migrations")
-TOP_LEVEL = ("cli", "service", "agents", "detectors", "harness", "migrations")
+FOLDERS = ("cli", "service", "agents", "detectors", "harness", "migrations", "wire")
+TOP_LEVEL = ("cli", "service", "agents", "detectors", "harness", "migrations", "wire")
 
 
 @pytest.fixture(scope="module")

@@ -161,6 +161,6 @@ class Executor:
             )
             if state is not None:
                 with state.lock:
-                    out["abandoned_collectives"] = state.assembler.abandon()
+                    out["abandoned_collectives"] = state.joiner.abandon()
             return out
         return {}

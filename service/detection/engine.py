@@ -178,7 +178,10 @@ class DetectionEngine:
             if not state.persisted:
                 continue
             rt = self._runtimes.get(state.job)
-            waiting = bool(state.frames.frames or state.frames.queue or state.assembler.pending)
+            joiner = state.joiner
+            waiting = bool(
+                state.frames.frames or state.frames.queue or joiner.staged or joiner.pending_groups
+            )
             hung = rt is not None and HANG_KEY in rt.pipeline.opened
             if not (state.new_data or waiting or hung):
                 continue
@@ -201,7 +204,7 @@ class DetectionEngine:
                 closed = state.frames.advance(
                     state.watermark_ns, topo.n_slots, flush=flush, world=topo.world_size
                 )
-                state.assembler.expire(state.watermark_ns)
+                state.expire()
                 state.new_data = False
                 if rt.shape is None or rt.shape_version != topo.version:
                     rt.shape = job_shape(topo)

@@ -17,17 +17,18 @@ def _media_type(request: Request) -> str:
     return request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
 
 
-async def read_json(request: Request, *, max_bytes: int) -> tuple[Any, int, str]:
-    """Return ``(parsed JSON, bytes on the wire, encoding)``; raise 4xx problems otherwise.
+async def read_body(
+    request: Request, *, media_types: tuple[str, ...], max_bytes: int
+) -> tuple[bytes, int, str]:
+    """Return ``(body, bytes on the wire, encoding)``; raise 4xx problems otherwise.
 
     Decompression is incremental and stops as soon as the output would pass ``max_bytes``, so a
     gzip bomb costs at most ``max_bytes`` of memory.
     """
     media = _media_type(request)
-    if media != "application/json" and not (
-        media.startswith("application/") and media.endswith("+json")
-    ):
-        raise UnsupportedMediaType(f"expected application/json, got {media or 'no content type'!r}")
+    if media not in media_types:
+        wanted = " or ".join(media_types)
+        raise UnsupportedMediaType(f"expected {wanted}, got {media or 'no content type'!r}")
     encoding = request.headers.get("content-encoding", "identity").strip().lower() or "identity"
     if encoding not in ("identity", "gzip"):
         raise UnsupportedMediaType(f"unsupported content-encoding {encoding!r} (use gzip or none)")
@@ -62,7 +63,23 @@ async def read_json(request: Request, *, max_bytes: int) -> tuple[Any, int, str]
             raise InvalidEnvelope("bad gzip data: truncated stream")
         if len(out) > max_bytes:
             raise PayloadTooLarge(f"decompressed body exceeds the limit of {max_bytes} bytes")
+    return bytes(out), received, encoding
+
+
+def _is_json(media: str) -> bool:
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
+async def read_json(request: Request, *, max_bytes: int) -> tuple[Any, int, str]:
+    """Return ``(parsed JSON, bytes on the wire, encoding)``; raise 4xx problems otherwise."""
+    media = _media_type(request)
+    accepted = (media if _is_json(media) else "application/json",)
+    body, received, encoding = await read_body(
+        request, media_types=accepted, max_bytes=max_bytes
+    )
     try:
-        return orjson.loads(out), received, encoding
+        return orjson.loads(body), received, encoding
     except orjson.JSONDecodeError as exc:
         raise InvalidEnvelope(f"body is not valid JSON: {exc}") from None

@@ -12,7 +12,7 @@ from failslow.service.errors import FailslowError, Overloaded
 from failslow.service.ingest.decode import read_json
 from failslow.service.ingest.envelope import parse_envelope
 from failslow.service.ingest.schemas import IngestResult, Rejection
-from failslow.service.ingest.service import accept
+from failslow.service.ingest.service import apply, job_state
 
 router = APIRouter(tags=["ingest"])
 
@@ -55,9 +55,9 @@ async def ingest(request: Request, ctx: CtxDep) -> IngestResult:
             )
             m.bytes.labels(encoding).inc(received)
             envelope = parse_envelope(body)
-            result = await run_in_threadpool(
-                accept, jobs=ctx.jobs, sessions=ctx.sessions, envelope=envelope
-            )
+            state = job_state(ctx.jobs, envelope.job)
+            result = await run_in_threadpool(apply, state, lambda s: s.apply(envelope))
+            await ctx.committer.committed(state)
         finally:
             ctx.ingest_inflight -= 1
     except FailslowError as exc:

@@ -1,40 +1,117 @@
-"""Accepting an envelope: apply it to the job's memory, then make its accounting durable."""
+"""Accepting an envelope: apply it to the job's memory, then answer once its accounting is durable.
+
+The accounting (per-host counters, agent stream positions, new topology) of every envelope applied
+meanwhile is written in one transaction by the :class:`Committer`: while one commit runs, the
+envelopes that arrive wait for the next, so the database sees a few commits a second however
+many envelopes come. If a commit fails, what it carried goes back into the jobs (it is additive)
+and leaves with their next commit; the clients get 503 and re-send, which the stream positions
+recognise as duplicates. Either way every record is counted exactly once.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TypeVar
+
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
 
 from failslow.service.db import session_scope
 from failslow.service.errors import Overloaded, Unavailable
-from failslow.service.jobs.service import clear_committed, commit_ingest
-from failslow.service.stream.records import Envelope
+from failslow.service.jobs.service import Uncommitted, commit_ingest, restore, take_uncommitted
 from failslow.service.stream.registry import JobRegistry, RegistryFull
-from failslow.service.stream.state import ApplyResult
+from failslow.service.stream.state import JobState
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
-def accept(
-    *, jobs: JobRegistry, sessions: sessionmaker[Session], envelope: Envelope
-) -> ApplyResult:
-    """Apply ``envelope`` and commit its counters before answering.
-
-    If the commit fails the counters stay pending in memory (they are additive) and go out with
-    the job's next successful commit; the client gets 503 and re-sends, which is then recognised
-    as a duplicate. Either way every record is counted exactly once.
-    """
+def job_state(jobs: JobRegistry, job: str) -> JobState:
     try:
-        state = jobs.get_or_load(envelope.job)
+        return jobs.get_or_load(job)
     except RegistryFull as exc:
         raise Overloaded(str(exc), headers={"Retry-After": "5"}) from None
+
+
+def apply(state: JobState, fn: Callable[[JobState], T]) -> T:
+    """Run ``fn`` on the job under its lock."""
     with state.lock:
-        result = state.apply(envelope)
+        return fn(state)
+
+
+class Committer:
+    """Group commit of ingest accounting. Runs in the event loop; writes in a worker thread."""
+
+    def __init__(self, sessions: sessionmaker[Session]) -> None:
+        self.sessions = sessions
+        self._waiting: list[tuple[JobState, asyncio.Future[None]]] = []
+        self._wake: asyncio.Event | None = None
+        self.commits = 0  # transactions written
+
+    async def committed(self, state: JobState) -> None:
+        """Return once everything ``state`` holds now is written (raises Unavailable)."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self._waiting.append((state, fut))
+        if self._wake is None:
+            self._wake = asyncio.Event()
+        self._wake.set()
+        await fut
+
+    async def run(self) -> None:
+        """The commit loop (a task of the app's lifespan)."""
+        if self._wake is None:
+            self._wake = asyncio.Event()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            batch, self._waiting = self._waiting, []
+            if not batch:
+                continue
+            states = list({id(s): s for s, _ in batch}.values())
+            try:
+                await run_in_threadpool(self.write, states)
+            except SQLAlchemyError as exc:
+                error = Unavailable(
+                    f"storage unavailable ({type(exc).__name__}); retry later",
+                    headers={"Retry-After": "2"},
+                )
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(error)
+                continue
+            except Exception as exc:  # noqa: BLE001 - never leave a request waiting
+                log.exception("ingest commit failed")
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                continue
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_result(None)
+
+    def write(self, states: list[JobState]) -> None:
+        """One transaction for everything the given jobs accumulated."""
+        taken: list[tuple[JobState, Uncommitted]] = []
+        for state in states:
+            with state.lock:
+                state.committing += 1
+                taken.append((state, take_uncommitted(state)))
         try:
-            with session_scope(sessions) as session:
-                commit_ingest(session, state=state)
-        except SQLAlchemyError as exc:
-            raise Unavailable(
-                f"storage unavailable ({type(exc).__name__}); retry later",
-                headers={"Retry-After": "2"},
-            ) from exc
-        clear_committed(state)
-    return result
+            with session_scope(self.sessions) as session:
+                for _, u in taken:
+                    commit_ingest(session, u=u)
+        except BaseException:
+            for state, u in taken:
+                with state.lock:
+                    restore(state, u)
+                    state.committing -= 1
+            raise
+        self.commits += 1
+        for state, _ in taken:
+            with state.lock:
+                state.persisted = True
+                state.committing -= 1

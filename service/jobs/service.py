@@ -6,6 +6,7 @@ instead of overwriting each other. Callers own the transaction.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Table, insert, select, update
@@ -16,7 +17,7 @@ from failslow.detectors.vocab import CommKind
 from failslow.service.jobs.models import AgentStream, Comm, Host, Job, JobHistory, Rank, RankHistory
 from failslow.service.stream.records import CommAnnouncement, RankAnnouncement
 from failslow.service.stream.settings import StateSettings
-from failslow.service.stream.state import JobState
+from failslow.service.stream.state import HostDelta, JobState
 
 
 def _upsert(
@@ -47,33 +48,89 @@ def _upsert(
             session.execute(update(table).where(*where).values(**update_values))
 
 
-def commit_ingest(session: Session, *, state: JobState) -> None:
-    """Write what ``state`` accumulated since the last commit (job, hosts, streams, topology)."""
+@dataclass(slots=True)
+class Uncommitted:
+    """What a job accumulated since its last commit, taken out of it (under its lock) to be
+    written; put back with :func:`restore` when the write fails (counters are additive)."""
+
+    job: str
+    world_size: int | None
+    first_seen_ns: int
+    watermark_ns: int
+    deltas: dict[str, HostDelta] = field(default_factory=dict)
+    streams: dict[tuple[str, str], int] = field(default_factory=dict)  # -> newest batch_seq
+    ranks: dict[int, tuple[str, int | None]] = field(default_factory=dict)  # -> (host, gpu)
+    comms: dict[str, tuple[str, list[int]]] = field(default_factory=dict)  # -> (kind, ranks)
+
+
+def take_uncommitted(state: JobState) -> Uncommitted:
+    """Swap out the job's pending counters and dirty marks (call under the job lock)."""
+    topo = state.topology
+    u = Uncommitted(
+        job=state.job,
+        world_size=topo.world_size,
+        first_seen_ns=state.first_seen_ns or state.watermark_ns,
+        watermark_ns=state.watermark_ns,
+        deltas=state.deltas,
+        streams={k: state.streams[k] for k in state.dirty_streams},
+        ranks={
+            r: (topo.ranks[r].host, topo.ranks[r].gpu)  # type: ignore[misc]
+            for r in topo.dirty_ranks
+            if topo.ranks[r].host is not None
+        },
+        comms={n: (topo.comms[n].kind, list(topo.comms[n].ranks)) for n in topo.dirty_comms},
+    )
+    state.deltas = {}
+    state.dirty_streams = set()
+    topo.dirty_ranks = set()
+    topo.dirty_comms = set()
+    return u
+
+
+def restore(state: JobState, u: Uncommitted) -> None:
+    """Put back what a failed commit took (call under the job lock)."""
+    for host, d in u.deltas.items():
+        cur = state.deltas.get(host)
+        if cur is None:
+            state.deltas[host] = d
+            continue
+        cur.envelopes += d.envelopes
+        cur.accepted += d.accepted
+        cur.duplicates += d.duplicates
+        cur.rejected += d.rejected
+        cur.first_seen_ns = min(x for x in (cur.first_seen_ns, d.first_seen_ns) if x is not None)
+        cur.last_seen_ns = max(cur.last_seen_ns, d.last_seen_ns)
+    state.dirty_streams |= set(u.streams)
+    state.topology.dirty_ranks |= set(u.ranks)
+    state.topology.dirty_comms |= set(u.comms)
+
+
+def commit_ingest(session: Session, *, u: Uncommitted) -> None:
+    """Write what one job accumulated (job, hosts, streams, topology)."""
     jobs: Table = Job.__table__  # type: ignore[assignment]
-    first = state.first_seen_ns or state.watermark_ns
     _upsert(
         session,
         jobs,
-        {"id": state.job},
+        {"id": u.job},
         insert_values={
-            "world_size": state.topology.world_size,
-            "first_seen_ns": first,
-            "last_seen_ns": state.watermark_ns,
-            "watermark_ns": state.watermark_ns,
+            "world_size": u.world_size,
+            "first_seen_ns": u.first_seen_ns,
+            "last_seen_ns": u.watermark_ns,
+            "watermark_ns": u.watermark_ns,
         },
         update_values={
-            "world_size": state.topology.world_size,
-            "last_seen_ns": state.watermark_ns,
-            "watermark_ns": state.watermark_ns,
+            "world_size": u.world_size,
+            "last_seen_ns": u.watermark_ns,
+            "watermark_ns": u.watermark_ns,
         },
     )
     hosts: Table = Host.__table__  # type: ignore[assignment]
-    for host, d in state.deltas.items():
+    for host, d in u.deltas.items():
         c = hosts.c
         _upsert(
             session,
             hosts,
-            {"job_id": state.job, "host": host},
+            {"job_id": u.job, "host": host},
             insert_values={
                 "first_seen_ns": d.first_seen_ns or d.last_seen_ns,
                 "last_seen_ns": d.last_seen_ns,
@@ -91,48 +148,29 @@ def commit_ingest(session: Session, *, state: JobState) -> None:
             },
         )
     streams: Table = AgentStream.__table__  # type: ignore[assignment]
-    for host, agent in state.dirty_streams:
-        seq = state.streams[(host, agent)]
+    for (host, agent), seq in u.streams.items():
         _upsert(
             session,
             streams,
-            {"job_id": state.job, "host": host, "agent": agent},
-            insert_values={"last_batch_seq": seq, "updated_ns": state.watermark_ns},
-            update_values={"last_batch_seq": seq, "updated_ns": state.watermark_ns},
+            {"job_id": u.job, "host": host, "agent": agent},
+            insert_values={"last_batch_seq": seq, "updated_ns": u.watermark_ns},
+            update_values={"last_batch_seq": seq, "updated_ns": u.watermark_ns},
         )
-    topo = state.topology
     ranks: Table = Rank.__table__  # type: ignore[assignment]
-    for r in topo.dirty_ranks:
-        info = topo.ranks[r]
-        if info.host is None:
-            continue
-        values = {"host": info.host, "gpu": info.gpu}
+    for r, (host, gpu) in u.ranks.items():
+        values = {"host": host, "gpu": gpu}
         _upsert(
-            session,
-            ranks,
-            {"job_id": state.job, "rank": r},
-            insert_values=values,
-            update_values=values,
+            session, ranks, {"job_id": u.job, "rank": r}, insert_values=values, update_values=values
         )
     comms: Table = Comm.__table__  # type: ignore[assignment]
-    for name in topo.dirty_comms:
-        cinfo = topo.comms[name]
+    for name, (kind, members) in u.comms.items():
         _upsert(
             session,
             comms,
-            {"job_id": state.job, "comm": name},
-            insert_values={"kind": cinfo.kind, "ranks": list(cinfo.ranks)},
+            {"job_id": u.job, "comm": name},
+            insert_values={"kind": kind, "ranks": members},
             update_values={},
         )
-
-
-def clear_committed(state: JobState) -> None:
-    """Forget deltas and dirty marks once their transaction committed."""
-    state.deltas.clear()
-    state.dirty_streams.clear()
-    state.topology.dirty_ranks.clear()
-    state.topology.dirty_comms.clear()
-    state.persisted = True
 
 
 def load_job(session: Session, *, job: str, settings: StateSettings) -> JobState | None:

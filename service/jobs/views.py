@@ -116,17 +116,22 @@ def detail(
     detector: dict[str, Any] = {}
     if state is not None:
         fb = state.frames
-        detector = {
-            "frames_analysed": numbers.frames if numbers else 0,
-            "mode": "steps" if fb.has_steps else ("time" if fb.time_mode else "undecided"),
-            "open_frames": len(fb.frames),
-            "pending_collectives": len(state.assembler.pending),
-            "inflight_collectives": len(state.assembler.inflight()),
-            "expired_collectives": state.assembler.expired,
-            "dropped_contributions": fb.dropped_contributions,
-            "late_steps": fb.late_steps,
-            "open_subjects": sorted(numbers.open_subjects) if numbers else [],
-        }
+        with state.lock:  # what is staged is joined first: pending means incomplete
+            state.drain_ready()
+            detector = {
+                "frames_analysed": numbers.frames if numbers else 0,
+                "mode": "steps" if fb.has_steps else ("time" if fb.time_mode else "undecided"),
+                "open_frames": len(fb.frames),
+                "pending_collectives": state.joiner.pending_groups,
+                "staged_records": state.joiner.staged_records,
+                "inflight_collectives": state.joiner.inflight_count(),
+                "expired_collectives": state.joiner.expired,
+                "join_conflicts": state.joiner.conflicts,
+                "join_duplicates": state.joiner.duplicates,
+                "dropped_contributions": fb.dropped_contributions,
+                "late_steps": fb.late_steps,
+                "open_subjects": sorted(numbers.open_subjects) if numbers else [],
+            }
     return JobDetail(
         **base.model_dump(),
         ranks=len(state.topology.ranks) if state else 0,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from failslow.detectors.vocab import P2P_OPS, CommKind, Op
+from failslow.detectors.vocab import P2P_OPS, CommKind
 from failslow.service.ids import is_identifier
 from failslow.service.stream.records import (
     CollectiveRecord,
@@ -18,44 +18,7 @@ from failslow.service.stream.records import (
     Reject,
     StepRecord,
 )
-
-_PREFIXES = ("nccl", "c10d", "gloo")
-_SUFFIXES = ("coalesced", "intotensor", "tensor", "single", "base", "v")
-_ALIASES = {"isend": Op.SEND, "irecv": Op.RECV, "sendrecv": Op.SEND, "all2all": Op.ALLTOALL}
-_OPS = {op.value: op for op in Op}
-
-
-def _normalise(raw: str) -> Op | None:
-    key = raw.strip().lower().replace("_", "").replace("-", "").replace(" ", "")
-    for prefix in _PREFIXES:
-        if key.startswith(prefix) and key != prefix:
-            key = key[len(prefix) :]
-    while True:
-        if key in _OPS:
-            return _OPS[key]
-        if key in _ALIASES:
-            return _ALIASES[key]
-        for suffix in _SUFFIXES:
-            if key.endswith(suffix) and len(key) > len(suffix):
-                key = key[: -len(suffix)]
-                break
-        else:
-            return None
-
-
-_OP_CACHE: dict[str, Op | None] = {}
-
-
-def normalise_op(raw: str) -> Op | None:
-    """Canonical op for NCCL/PyTorch spellings (``AllReduce``, ``_allgather_base``), else None."""
-    try:
-        return _OP_CACHE[raw]
-    except KeyError:
-        if len(_OP_CACHE) > 4096:  # bounded: spellings are few, garbage is not
-            _OP_CACHE.clear()
-        result = _OP_CACHE[raw] = _normalise(raw)
-        return result
-
+from failslow.wire.ops import normalise_op
 
 INT64_MAX = 2**63 - 1
 _COMM_KINDS = {k.value: k for k in CommKind}

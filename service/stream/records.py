@@ -4,7 +4,7 @@ records, and the reasons a record is rejected (a code for metrics, words for the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
+from enum import Enum, StrEnum
 from typing import Any
 
 from failslow.detectors.vocab import CommKind, Op
@@ -24,6 +24,14 @@ class Reject(StrEnum):
     WRONG_HOST = "wrong_host"
     LIMIT = "limit"
     INVALID = "invalid"
+
+
+class Outcome(Enum):
+    """What became of one accepted record."""
+
+    NEW = "new"
+    COMPLETED = "completed"  # an in-flight record got its end_ns
+    DUPLICATE = "duplicate"
 
 
 class RecordKind(StrEnum):

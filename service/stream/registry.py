@@ -58,7 +58,7 @@ class JobRegistry:
 
     def _evict_one(self) -> None:
         candidates = sorted(
-            (s for s in self._jobs.values() if not s.deltas), key=lambda s: s.last_wall
+            (s for s in self._jobs.values() if s.idle()), key=lambda s: s.last_wall
         )
         if not candidates:
             raise RegistryFull(f"holding {len(self._jobs)} jobs, none evictable")
@@ -72,7 +72,7 @@ class JobRegistry:
         gone: list[str] = []
         with self._lock:
             for job, state in list(self._jobs.items()):
-                if not state.deltas and now - state.last_wall > self.settings.evict_after_s:
+                if state.idle() and now - state.last_wall > self.settings.evict_after_s:
                     del self._jobs[job]
                     gone.append(job)
         for job in gone:

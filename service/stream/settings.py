@@ -2,26 +2,53 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pydantic import BaseModel, Field
 
 
 class StateSettings(BaseModel):
-    """Bounds on per-job in-memory state. See docs/memory.md for the arithmetic."""
+    """Bounds on per-job in-memory state. See docs/memory.md for the arithmetic.
+
+    The ``max_*`` bounds marked *floor* grow with the job: once its world size is declared (in
+    a rank announcement), a bound is the larger of the floor and ``*_per_rank`` x world size.
+    """
 
     retention_s: float = Field(
         default=300.0, gt=0, description="Event-time window kept for assembly and idempotency."
     )
     max_pending_collectives: int = Field(
-        default=200_000, gt=0, description="Per job: collectives being assembled at once."
+        default=200_000, gt=0, description="Per job (floor): collectives being assembled at once."
+    )
+    pending_per_rank: float = Field(
+        default=16.0, ge=0, description="Per rank: collectives being assembled at once."
     )
     max_done_collectives: int = Field(
-        default=200_000, gt=0, description="Per job: completed collectives remembered for re-sends."
+        default=200_000,
+        gt=0,
+        description="Per job (floor): v1 member records remembered to answer re-sends.",
+    )
+    done_per_rank: float = Field(
+        default=8.0, ge=0, description="Per rank: v1 member records remembered for re-sends."
     )
     max_open_frames: int = Field(
         default=64, gt=0, description="Per job: steps (frames) being assembled at once."
     )
-    max_ranks: int = Field(default=200_000, gt=0, description="Per job: largest world size.")
-    max_comms: int = Field(default=100_000, gt=0, description="Per job: most communicators.")
+    max_ranks: int = Field(default=1_000_000, gt=0, description="Per job: largest world size.")
+    max_comms: int = Field(
+        default=100_000, gt=0, description="Per job (floor): most communicators."
+    )
+    comms_per_rank: float = Field(
+        default=4.0, ge=0, description="Per rank: communicators (TP, DP, PP pairs, EP, CP...)."
+    )
+    max_comm_members: int = Field(
+        default=250_000,
+        gt=0,
+        description="Per job (floor): members of all communicators together (~100 B each).",
+    )
+    members_per_rank: float = Field(
+        default=64.0, ge=0, description="Per rank: communicator memberships, all comms together."
+    )
     max_jobs: int = Field(default=1_000, gt=0, description="Jobs held in memory at once.")
     frame_grace_s: float = Field(
         default=5.0,
@@ -37,3 +64,23 @@ class StateSettings(BaseModel):
     evict_after_s: float = Field(
         default=6 * 3600.0, gt=0, description="Wall time after which an idle job leaves memory."
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The bounds of one job of ``world`` ranks (None: not declared yet, the floors apply)."""
+
+    comms: int
+    comm_members: int
+    pending: int
+    done: int
+
+    @staticmethod
+    def of(settings: StateSettings, world: int | None) -> Limits:
+        w = world or 0
+        return Limits(
+            comms=max(settings.max_comms, int(settings.comms_per_rank * w)),
+            comm_members=max(settings.max_comm_members, int(settings.members_per_rank * w)),
+            pending=max(settings.max_pending_collectives, int(settings.pending_per_rank * w)),
+            done=max(settings.max_done_collectives, int(settings.done_per_rank * w)),
+        )

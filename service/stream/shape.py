@@ -9,6 +9,7 @@ from failslow.detectors.types import KIND_INDEX, P2P, JobShape, PeerGroups
 from failslow.service.stream.frames import NEVER
 from failslow.service.stream.state import JobState
 from failslow.service.stream.topology import Topology
+from failslow.wire.v2 import NO_END
 
 ROLE_KINDS = ("tp", "dp", "ep", "cp")  # comms whose members do equal work
 CROSS_KINDS = ("dp", "ep", "cp")  # ... and whose members are usually on different hosts
@@ -86,37 +87,24 @@ def blocked_collectives(
 ) -> list[BlockedCollective]:
     """Incomplete collectives whose first member entered before ``older_than_ns`` and, when
     there are any, every younger one that a member is inside: ranks waiting there wait for
-    someone else, and the hang detector follows them to whoever that is.
-
-    Pending collectives are kept in arrival order, so the scan for old ones stops at the first
-    young one; the younger ones are only scanned when something is old.
-    """
+    someone else, and the hang detector follows them to whoever that is (scanned in arrival
+    order, see :meth:`Joiner.groups`)."""
     out: list[BlockedCollective] = []
-    comms = state.topology.comms
+    comms = state.topology.comm_list
     newest = state.frames.newest_end
-    old = True
-    for (name, seq), entry in state.assembler.pending.items():
-        if old and entry.first_ns >= older_than_ns:
-            if not out:
-                break
-            old = False
-        if not old and entry.finished >= entry.reported:
-            continue  # nobody inside it
-        comm = comms.get(name)
-        if comm is None:
-            continue
-        t = float(typical[comm.index]) if comm.index < typical.size else float("nan")
+    for g in state.joiner.groups(started_before_ns=older_than_ns):
+        comm = comms[g.comm]
+        n = len(comm.ranks)
+        starts: list[int | None] = [None] * n
+        ends: list[int | None] = [None] * n
+        for p, s, e in zip(g.positions.tolist(), g.starts.tolist(), g.ends.tolist(), strict=True):
+            starts[p] = s
+            ends[p] = None if e == NO_END else e
+        t = float(typical[g.comm]) if g.comm < typical.size else float("nan")
         progress = int(max((newest[s] for s in comm.slots if s < newest.size), default=0))
         out.append(
             BlockedCollective(
-                name,
-                seq,
-                comm.ranks,
-                tuple(entry.starts),
-                tuple(entry.ends),
-                t,
-                entry.seen_ns,
-                progress,
+                comm.comm, g.seq, comm.ranks, tuple(starts), tuple(ends), t, g.seen_ns, progress
             )
         )
     return out
@@ -133,14 +121,16 @@ def hang_snapshot(
     collective last completed something (a collective or a step)."""
     topo = state.topology
     newest_step = state.frames.newest_end
-    last_call = state.assembler.last_end
+    last_call = state.joiner.last_end
     last_end: dict[int, int] = {}
     for b in blocked:
         for r in b.members:
             if r in last_end:
                 continue
-            end = last_call.get(r, 0)
+            end = 0
             info = topo.ranks.get(r)
+            if info is not None and info.slot < last_call.size:
+                end = int(last_call[info.slot])
             if info is not None and info.slot < newest_step.size:
                 step_end = int(newest_step[info.slot])
                 if step_end != NEVER:

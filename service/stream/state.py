@@ -1,23 +1,44 @@
-"""Per-job in-memory state and the application of one envelope to it.
+"""Per-job in-memory state: topology, staged and pending collectives, frames, stream positions.
+
+An envelope is applied by :mod:`~failslow.service.stream.v1` (JSON, record by record) or
+:mod:`~failslow.service.stream.columnar` (v2 columns, whole arrays); both stage member records for
+the join (:mod:`~failslow.service.stream.join`), which runs at the start of every detection pass.
 
 Bounds (see docs/memory.md): ranks <= ``max_ranks``, comms <= ``max_comms``, collectives being
 assembled <= ``max_pending_collectives`` and no older than ``retention_s`` of event time,
-remembered completed collectives <= ``max_done_collectives``, open frames <= ``max_open_frames``,
-per-rank step ring of 16 steps.
+v1 member records remembered for re-sends <= ``max_done_collectives``, open frames <=
+``max_open_frames``, per-rank step ring of 16 steps.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from failslow.service.stream.assembly import Assembler, Outcome
+import numpy as np
+
 from failslow.service.stream.frames import FrameBuilder
-from failslow.service.stream.parse import parse_collective, parse_comm, parse_rank, parse_step
-from failslow.service.stream.records import Envelope, RecordError, RecordKind, Reject
-from failslow.service.stream.settings import StateSettings
+from failslow.service.stream.join import Joiner
+from failslow.service.stream.ledger import Ledger
+from failslow.service.stream.records import (
+    Envelope,
+    Outcome,
+    RecordError,
+    RecordKind,
+    Reject,
+    StepRecord,
+)
+from failslow.service.stream.settings import Limits, StateSettings
 from failslow.service.stream.topology import Topology
+
+if TYPE_CHECKING:
+    from failslow.service.stream.columnar import HostTopology
+
+STEP_RING = 16  # step records remembered per rank
+JOIN_EVERY_STEPS = STEP_RING // 2  # join before a rank's step intervals could be recycled
 
 
 @dataclass(slots=True)
@@ -41,6 +62,16 @@ class ApplyResult:
     kinds: dict[RecordKind, int] = field(default_factory=dict)  # accepted per record kind
     batch_duplicate: bool = False
 
+    def reject(self, loc: str, exc: RecordError) -> None:
+        self.rejected.append({"index": loc, "reason": str(exc)})
+        self.reasons.append(exc.code)
+
+    def count(self, kind: RecordKind, accepted: int, duplicates: int = 0) -> None:
+        self.duplicates += duplicates
+        if accepted:
+            self.accepted += accepted
+            self.kinds[kind] = self.kinds.get(kind, 0) + accepted
+
 
 class JobState:
     """Everything the service holds in memory for one job. Mutate only under ``lock``."""
@@ -49,17 +80,25 @@ class JobState:
         self.job = job
         self.lock = threading.RLock()
         self.settings = settings
-        self.topology = Topology(max_ranks=settings.max_ranks, max_comms=settings.max_comms)
-        self.assembler = Assembler(
-            max_pending=settings.max_pending_collectives,
-            max_done=settings.max_done_collectives,
-            retention_ns=int(settings.retention_s * 1e9),
+        self.limits = Limits.of(settings, None)
+        self.topology = Topology(
+            max_ranks=settings.max_ranks,
+            max_comms=self.limits.comms,
+            max_comm_members=self.limits.comm_members,
         )
+        self.joiner = Joiner(
+            max_pending=self.limits.pending, retention_ns=int(settings.retention_s * 1e9)
+        )
+        self.ledger = Ledger(max_entries=self.limits.done)
+        self._limits_world: int | None = None
         self.frames = FrameBuilder(
             grace_ns=int(settings.frame_grace_s * 1e9),
             time_frame_ns=int(settings.time_frame_s * 1e9),
             max_open_frames=settings.max_open_frames,
+            ring=STEP_RING,
         )
+        self.registrations: dict[str, OrderedDict[str, HostTopology]] = {}  # v2, per host
+        self.steps_since_join = np.zeros(0, np.int64)  # per slot
         self.watermark_ns = 0
         self.first_seen_ns: int | None = None
         self.last_wall = time.monotonic()
@@ -67,103 +106,130 @@ class JobState:
         self.dirty_streams: set[tuple[str, str]] = set()
         self.deltas: dict[str, HostDelta] = {}
         self.persisted = False  # the jobs row exists
+        self.committing = 0  # commits in progress that took this job's counters
         self.new_data = False  # something arrived since the last detection pass
 
     # -- ingest --------------------------------------------------------------------------------
     def apply(self, env: Envelope) -> ApplyResult:
-        """Apply a structurally valid envelope; per-record problems are reported, not raised."""
-        result = ApplyResult()
+        """Apply a structurally valid v1 envelope; per-record problems are reported, not
+        raised."""
+        from failslow.service.stream.v1 import apply_v1  # noqa: PLC0415 - one module each way
+
+        return apply_v1(self, env)
+
+    def begin(
+        self, host: str, sent_ns: int, agent: str | None, batch_seq: int | None, records: int
+    ) -> ApplyResult:
+        """Start applying an envelope. A re-send of a batch already applied comes back with
+        ``batch_duplicate`` set (counted as duplicates, nothing else to do)."""
         wall = time.monotonic()
-        stream = (env.host, env.agent) if env.agent is not None else None
-        seq = env.batch_seq
-        if stream is not None and seq is not None and seq <= self.streams.get(stream, -1):
-            result.batch_duplicate = True
-            result.duplicates = env.record_count
-            self._delta(env).duplicates += result.duplicates
-            return result
-        topo = self.topology
-        topo.touch_host(env.host, env.sent_ns, wall)
+        stream = (host, agent) if agent is not None else None
+        if stream is not None and batch_seq is not None and batch_seq <= self.streams.get(
+            stream, -1
+        ):
+            self._delta(host, sent_ns).duplicates += records
+            return ApplyResult(duplicates=records, batch_duplicate=True)
+        self.topology.touch_host(host, sent_ns, wall)
         self.last_wall = wall
         if self.first_seen_ns is None:
-            self.first_seen_ns = env.sent_ns
-        self.watermark_ns = max(self.watermark_ns, env.sent_ns)
+            self.first_seen_ns = sent_ns
+        self.watermark_ns = max(self.watermark_ns, sent_ns)
+        return ApplyResult()
 
-        for i, raw in enumerate(env.ranks):
-            try:
-                topo.announce_rank(env.host, parse_rank(raw))
-            except RecordError as exc:
-                self._reject(result, f"ranks[{i}]", exc)
-        for i, raw in enumerate(env.comms):
-            try:
-                topo.announce_comm(parse_comm(raw))
-            except RecordError as exc:
-                self._reject(result, f"comms[{i}]", exc)
-        for i, raw in enumerate(env.collectives):
-            try:
-                rec = parse_collective(raw)
-                comm = topo.comms.get(rec.comm)
-                if comm is None:
-                    raise RecordError(
-                        Reject.UNKNOWN_COMM, f"unknown comm {rec.comm} (announce it in comms[])"
-                    )
-                topo.check_rank_host(rec.rank, env.host)
-                outcome = self.assembler.offer(rec, comm, self.watermark_ns)
-            except RecordError as exc:
-                self._reject(result, f"collectives[{i}]", exc)
-                continue
-            self._count(result, outcome, RecordKind.COLLECTIVE)
-        # Hand completed collectives to the frames now, before step records that may recycle
-        # the step intervals they need.
-        self.drain_ready()
-        for i, raw in enumerate(env.steps):
-            try:
-                step = parse_step(raw)
-                slot = topo.check_rank_host(step.rank, env.host)
-                outcome = self.frames.add_step(slot, step, topo.n_slots)
-            except RecordError as exc:
-                self._reject(result, f"steps[{i}]", exc)
-                continue
-            self._count(result, outcome, RecordKind.STEP)
+    def scale_limits(self, world: int | None = None) -> None:
+        """Bounds from the declared world size (``world``, or the topology's)."""
+        world = max(world or 0, self.topology.world_size or 0) or None
+        if world == self._limits_world:
+            return
+        self._limits_world = world
+        self.limits = lim = Limits.of(self.settings, world)
+        self.topology.max_comms, self.topology.max_comm_members = lim.comms, lim.comm_members
+        self.joiner.max_pending = lim.pending
+        self.ledger.max_entries = lim.done
 
-        self.drain_ready()
-        self.frames.attribute(topo.n_slots)
-        delta = self._delta(env)
+    def finish(
+        self,
+        result: ApplyResult,
+        host: str,
+        sent_ns: int,
+        agent: str | None,
+        batch_seq: int | None,
+    ) -> ApplyResult:
+        """End applying an envelope: its counters and stream position become pending commits."""
+        self.scale_limits()
+        self.frames.attribute(self.topology.n_slots)
+        delta = self._delta(host, sent_ns)
         delta.accepted += result.accepted
         delta.duplicates += result.duplicates
         delta.rejected += len(result.rejected)
-        if stream is not None and env.batch_seq is not None:
-            self.streams[stream] = env.batch_seq
-            self.dirty_streams.add(stream)
+        if agent is not None and batch_seq is not None:
+            self.streams[(host, agent)] = batch_seq
+            self.dirty_streams.add((host, agent))
         if result.accepted:
             self.new_data = True
         return result
 
-    def _delta(self, env: Envelope) -> HostDelta:
-        delta = self.deltas.get(env.host)
+    def _delta(self, host: str, sent_ns: int) -> HostDelta:
+        delta = self.deltas.get(host)
         if delta is None:
-            delta = self.deltas[env.host] = HostDelta(first_seen_ns=env.sent_ns)
+            delta = self.deltas[host] = HostDelta(first_seen_ns=sent_ns)
         delta.envelopes += 1
-        delta.last_seen_ns = max(delta.last_seen_ns, env.sent_ns)
+        delta.last_seen_ns = max(delta.last_seen_ns, sent_ns)
         return delta
 
-    @staticmethod
-    def _reject(result: ApplyResult, loc: str, exc: RecordError) -> None:
-        result.rejected.append({"index": loc, "reason": str(exc)})
-        result.reasons.append(exc.code)
+    def add_step(self, slot: int, rec: StepRecord) -> Outcome:
+        """Add one step record (raises RecordError on a conflicting re-send).
+        Staged collectives are joined first when this rank's step intervals could otherwise be
+        recycled before they were placed."""
+        self._guard_ring(np.array([slot]))
+        return self.frames.add_step(slot, rec, self.topology.n_slots)
 
-    @staticmethod
-    def _count(result: ApplyResult, outcome: Outcome, kind: RecordKind) -> None:
-        if outcome is Outcome.DUPLICATE:
-            result.duplicates += 1
-        else:
-            result.accepted += 1
-            result.kinds[kind] = result.kinds.get(kind, 0) + 1
+    def add_steps(
+        self, slot: np.ndarray, step: np.ndarray, start: np.ndarray, end: np.ndarray
+    ) -> tuple[np.ndarray, list[tuple[int, RecordError]]]:
+        """Many step records at once (see :meth:`FrameBuilder.add_steps`)."""
+        self._guard_ring(slot)
+        return self.frames.add_steps(slot, step, start, end, self.topology.n_slots)
+
+    def _guard_ring(self, slots: np.ndarray) -> None:
+        n = self.topology.n_slots
+        if self.steps_since_join.size < n:
+            self.steps_since_join = np.concatenate(
+                [self.steps_since_join, np.zeros(n - self.steps_since_join.size, np.int64)]
+            )
+        if not slots.size:
+            return
+        per_slot = np.unique(slots, return_counts=True)[1].max() if slots.size > 1 else 1
+        if int(self.steps_since_join[slots].max()) + int(per_slot) > JOIN_EVERY_STEPS:
+            self.drain_ready()
+        np.add.at(self.steps_since_join, slots, 1)
+
+    def stage(self, members: dict[str, np.ndarray]) -> None:
+        """Validated member records for the join (see :data:`join.COLUMNS`)."""
+        self.joiner.stage(members, self.topology.n_slots)
+        if self.joiner.staged_records > self.limits.pending:
+            self.drain_ready()  # bound what waits for the next pass
 
     def drain_ready(self) -> None:
-        """Hand completed collectives to the frame builder (lateness is computed there)."""
-        self.frames.add_collectives(self.assembler.take_ready(), self.topology)
+        """Join what is staged and hand completed collectives to the frame builder (lateness
+        is computed there)."""
+        if self.joiner.staged:
+            sizes, kinds = self.topology.comm_arrays()
+            self.frames.add_collectives(self.joiner.join(sizes, kinds), self.topology)
+        self.steps_since_join[:] = 0
+
+    def expire(self) -> int:
+        """Drop incomplete collectives past retention; their re-sends are duplicates now."""
+        gone = self.joiner.expire(self.watermark_ns)
+        for comm, seq in gone.tolist():
+            self.ledger.retire(comm, seq)
+        return int(gone.shape[0])
 
     # -- views ---------------------------------------------------------------------------------
+    def idle(self) -> bool:
+        """Nothing of it waits to be written: it may leave memory."""
+        return not self.deltas and not self.committing
+
     def host_stale(self, host: str, now_wall: float) -> bool:
         info = self.topology.hosts.get(host)
         if info is None:

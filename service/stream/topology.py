@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from failslow.detectors.types import KIND_INDEX
 from failslow.service.stream.records import CommAnnouncement, RankAnnouncement, RecordError, Reject
 
 
@@ -39,9 +40,11 @@ class CommInfo:
 class Topology:
     """Ranks, hosts and comms of one job. Mutated only under the job lock."""
 
-    def __init__(self, *, max_ranks: int, max_comms: int) -> None:
+    def __init__(self, *, max_ranks: int, max_comms: int, max_comm_members: int = 1 << 62) -> None:
         self.max_ranks = max_ranks
         self.max_comms = max_comms
+        self.max_comm_members = max_comm_members
+        self.comm_members = 0  # members of all comms together
         self.ranks: dict[int, RankInfo] = {}
         self.slot_rank: list[int] = []
         self.hosts: dict[str, HostInfo] = {}
@@ -49,6 +52,9 @@ class Topology:
         self.comm_list: list[CommInfo] = []  # by index
         self._slot_tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._slot_tables_version = -1
+        self.host_ids: dict[str, int] = {}  # host -> dense host number (first appearance)
+        self.slot_host = np.zeros(0, np.int64)  # per slot: its host's number, -1 unknown
+        self._comm_arrays: tuple[np.ndarray, np.ndarray] | None = None
         self.world_size: int | None = None
         self.version = 0  # bumped on every change; detectors cache derived groups by it
         self.dirty_ranks: set[int] = set()
@@ -67,8 +73,16 @@ class Topology:
         info = RankInfo(rank=rank, slot=len(self.slot_rank))
         self.ranks[rank] = info
         self.slot_rank.append(rank)
+        if self.slot_host.size < len(self.slot_rank):
+            grown = np.full(max(64, 2 * self.slot_host.size), -1, np.int64)
+            grown[: self.slot_host.size] = self.slot_host
+            self.slot_host = grown
         self.version += 1
         return info
+
+    def _place(self, info: RankInfo, host: str) -> None:
+        info.host = host
+        self.slot_host[info.slot] = self.host_ids.get(host, -1)
 
     @property
     def n_slots(self) -> int:
@@ -80,7 +94,7 @@ class Topology:
         if info.host != host:
             if info.host is not None and info.host in self.hosts:
                 self.hosts[info.host].ranks.discard(ann.rank)
-            info.host = host
+            self._place(info, host)
             changed = True
         if ann.gpu is not None and info.gpu != ann.gpu:
             info.gpu = ann.gpu
@@ -99,7 +113,7 @@ class Topology:
         if info is None:
             info = self._new_rank(rank)
         if info.host is None:
-            info.host = host
+            self._place(info, host)
             self.hosts[host].ranks.add(rank)
             self.dirty_ranks.add(rank)
             self.version += 1
@@ -115,6 +129,7 @@ class Topology:
         info = self.hosts.get(host)
         if info is None:
             self.hosts[host] = HostInfo(host, sent_ns, sent_ns, wall)
+            self.host_ids.setdefault(host, len(self.host_ids))
             return True
         info.last_sent_ns = max(info.last_sent_ns, sent_ns)
         info.last_wall = wall
@@ -133,6 +148,10 @@ class Topology:
             return
         if len(self.comms) >= self.max_comms:
             raise RecordError(Reject.LIMIT, f"job exceeds {self.max_comms} comms")
+        if self.comm_members + len(ann.ranks) > self.max_comm_members:
+            raise RecordError(
+                Reject.LIMIT, f"job exceeds {self.max_comm_members} communicator members"
+            )
         missing = sum(1 for r in ann.ranks if r not in self.ranks)
         if len(self.ranks) + missing > self.max_ranks:
             raise RecordError(Reject.LIMIT, f"job exceeds {self.max_ranks} ranks")
@@ -147,10 +166,20 @@ class Topology:
         )
         self.comms[ann.comm] = info
         self.comm_list.append(info)
+        self.comm_members += len(ann.ranks)
         self.dirty_comms.add(ann.comm)
         self.version += 1
 
     # -- views -------------------------------------------------------------------------------
+    def comm_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(member count, kind column)`` of every comm, by comm index."""
+        if self._comm_arrays is None or self._comm_arrays[0].size != len(self.comm_list):
+            self._comm_arrays = (
+                np.array([len(c.ranks) for c in self.comm_list], dtype=np.int64),
+                np.array([KIND_INDEX[c.kind] for c in self.comm_list], dtype=np.int64),
+            )
+        return self._comm_arrays
+
     def member_slots(self, size: int, comm_index: np.ndarray) -> np.ndarray:
         """(k, size) member slots of the comms ``comm_index`` (all of member count ``size``)."""
         matrix, row_of = self.slot_table(size)

@@ -15,10 +15,10 @@ import numpy as np
 
 from failslow.detectors.lateness import collective_stats
 from failslow.detectors.types import Frame
-from failslow.service.stream.assembly import Outcome, ReadyBatch
 from failslow.service.stream.frames.accumulator import CHUNK, NS, FrameAcc
 from failslow.service.stream.frames.placement import Placement
-from failslow.service.stream.records import RecordError, Reject, StepRecord
+from failslow.service.stream.join import ReadyBatch
+from failslow.service.stream.records import Outcome, RecordError, Reject, StepRecord
 from failslow.service.stream.topology import Topology
 
 
@@ -90,6 +90,66 @@ class FrameBuilder(Placement):
         acc.start_ns = min(acc.start_ns, rec.start_ns)
         acc.end_ns = max(acc.end_ns, rec.end_ns)
         return Outcome.NEW
+
+    def add_steps(
+        self,
+        slot: np.ndarray,
+        step: np.ndarray,
+        start: np.ndarray,
+        end: np.ndarray,
+        n_slots: int,
+    ) -> tuple[np.ndarray, list[tuple[int, RecordError]]]:
+        """Many step records at once: ``(fresh, errors)`` — which were new (the others were
+        re-sends), and the index and error of each conflicting one. The same as
+        :meth:`add_step` record by record; whole arrays when every slot appears once and no
+        record is already known (the usual envelope), record by record otherwise."""
+        n = int(slot.size)
+        fresh = np.zeros(n, dtype=bool)
+        errors: list[tuple[int, RecordError]] = []
+        if not n:
+            return fresh, errors
+        self.ensure(n_slots)
+        known = (self.step_id[slot] == step[:, None]).any(axis=1)
+        if known.any() or np.unique(slot).size != n or self.time_mode:
+            for i in range(n):
+                rec = StepRecord(0, int(step[i]), int(start[i]), int(end[i]))
+                try:
+                    fresh[i] = self.add_step(int(slot[i]), rec, n_slots) is Outcome.NEW
+                except RecordError as exc:
+                    errors.append((i, exc))
+            return fresh, errors
+        fresh = step > self.max_step[slot] - self.ring  # older than the ring: a re-send
+        if not fresh.all():
+            slot, step, start, end = slot[fresh], step[fresh], start[fresh], end[fresh]
+        if not slot.size:
+            return fresh, errors
+        j = step % self.ring
+        self.step_id[slot, j] = step
+        self.step_start[slot, j] = start
+        self.step_end[slot, j] = end
+        self.max_step[slot] = np.maximum(self.max_step[slot], step)
+        self.newest_end[slot] = np.maximum(self.newest_end[slot], end)
+        self.last_progress_ns = max(self.last_progress_ns, int(end.max()))
+        self.has_steps = True
+        self.steps_seen += int(slot.size)
+        if self.first_record_ns is None:
+            self.first_record_ns = int(start[0])
+        late = step <= self.last_closed
+        self.late_steps += int(late.sum())
+        for s in np.unique(step[~late]).tolist():
+            mine = step == s
+            sl, st, en = slot[mine], start[mine], end[mine]
+            acc = self.frames.get(s)
+            if acc is None:
+                acc = self.frames[s] = FrameAcc(s, int(st[0]), int(en[0]))
+            acc.grow(n_slots, self.n_comms)
+            acc.reported += int(np.isnan(acc.step_time[sl]).sum())
+            acc.step_time[sl] = (en - st) * NS
+            acc.starts[sl] = st
+            acc.ends[sl] = en
+            acc.start_ns = min(acc.start_ns, int(st.min()))
+            acc.end_ns = max(acc.end_ns, int(en.max()))
+        return fresh, errors
 
     def add_collectives(self, batches: list[ReadyBatch], topology: Topology) -> None:
         """Compute lateness for batches of completed collectives (one per member count) and

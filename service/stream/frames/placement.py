@@ -9,7 +9,6 @@ import numpy as np
 
 from failslow.detectors.lateness import collective_stats
 from failslow.service.stream import kernels
-from failslow.service.stream.assembly import ReadyBatch
 from failslow.service.stream.frames.accumulator import (
     CHUNK,
     COMM_FIELDS,
@@ -22,6 +21,7 @@ from failslow.service.stream.frames.accumulator import (
     add_at,
     grow,
 )
+from failslow.service.stream.join import ReadyBatch
 
 
 class Placement:

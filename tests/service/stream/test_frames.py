@@ -159,3 +159,21 @@ def test_ranks_without_step_records_use_the_job_interval() -> None:
     assert state.frames.dropped_contributions == 0
     assert frames[1].late.sum(axis=1)[3] == np.float64(0.03)  # rank 3's lateness still counted
     assert np.isnan(frames[1].step_time[1:]).all()
+
+
+def test_limits_grow_with_the_declared_world_size() -> None:
+    from failslow.service.stream.settings import Limits
+
+    s = StateSettings(max_comms=10, comms_per_rank=2, max_comm_members=100, members_per_rank=8)
+    assert Limits.of(s, None).comms == 10 and Limits.of(s, 1000).comms == 2000
+    state = JobState("j", s)
+    comms = [{"comm": f"c{i}", "kind": "tp", "ranks": [0, 1]} for i in range(12)]
+    ranks = [{"rank": 0, "gpu": 0}, {"rank": 1, "gpu": 1}]
+    small = state.apply(parse_envelope(envelope(ranks=ranks, comms=comms)))
+    assert [r["index"] for r in small.rejected] == ["comms[10]", "comms[11]"]  # the floor: 10
+    big = [{"rank": 0, "gpu": 0, "world_size": 64}, {"rank": 1, "gpu": 1, "world_size": 64}]
+    grown = state.apply(parse_envelope(envelope(ranks=big, comms=comms, sent_ns=T0 + MS)))
+    assert grown.rejected == [] and len(state.topology.comms) == 12  # 2 x 64 now
+    huge = {"comm": "all", "kind": "world", "ranks": list(range(600))}  # > 8 x 64 members
+    r = state.apply(parse_envelope(envelope(comms=[huge], sent_ns=T0 + 2 * MS)))
+    assert "communicator members" in r.rejected[0]["reason"]

@@ -11,13 +11,13 @@ from hypothesis import strategies as st
 from failslow.service.ingest.envelope import parse_envelope
 from failslow.service.stream.parse import (
     _parse_collective_slow,
-    normalise_op,
     parse_collective,
     parse_comm,
     parse_rank,
     parse_step,
 )
 from failslow.service.stream.records import RecordError
+from failslow.wire.ops import normalise_op
 
 ints = st.one_of(
     st.integers(-5, 2**64),

@@ -1,0 +1,307 @@
+"""Ingest v2 in the core: a host's registered topology, and an envelope's columns checked against
+it with whole-array operations (one rejection per bad record, as in v1; no object per record).
+
+A host registers its ranks and the communicators its records name once; the position of a comm
+in that list is its code in the host's envelopes (``wire/v2.py``). The registration is checked
+whole (all or nothing: a host cannot use half a dictionary) and kept under its digest; a host
+keeps its last few registrations, so envelopes sealed before a change still resolve.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from failslow.detectors.vocab import Op
+from failslow.service.stream.parse import parse_comm, parse_rank
+from failslow.service.stream.records import (
+    CommAnnouncement,
+    RankAnnouncement,
+    RecordError,
+    RecordKind,
+    Reject,
+)
+from failslow.service.stream.topology import Topology
+from failslow.wire.topology import digest
+from failslow.wire.v2 import NO_END, NO_PEER, OPS, Columns
+
+if TYPE_CHECKING:
+    from failslow.service.stream.state import ApplyResult, JobState
+
+REGISTRATIONS_KEPT = 4  # per host: envelopes sealed before a change still resolve
+
+_P2P_CODE = np.array([op in (Op.SEND, Op.RECV) for op in OPS])
+
+
+class RegistrationError(ValueError):
+    """A topology registration breaks a rule; nothing of it was applied."""
+
+    def __init__(self, errors: list[dict[str, str]]) -> None:
+        super().__init__("; ".join(f"{e['loc']}: {e['msg']}" for e in errors[:5]))
+        self.errors = errors
+
+
+@dataclass(frozen=True, slots=True)
+class HostTopology:
+    """What a host's v2 envelopes refer to, as lookup tables."""
+
+    host: str
+    digest: str
+    ranks: np.ndarray  # (r,) the host's global ranks, sorted
+    slots: np.ndarray  # (r,) their slots in the job
+    comm_index: np.ndarray  # (c,) host comm code -> the job's comm index
+    comm_size: np.ndarray  # (c,)
+    position: np.ndarray  # (c, r) member position of each host rank in each comm, -1: none
+    other: np.ndarray  # (c, r) for two-member comms: the other member's global rank, else -1
+
+
+def check_registration(
+    topo: Topology, ranks_raw: list[Any], comms_raw: list[Any]
+) -> tuple[list[RankAnnouncement], list[CommAnnouncement]]:
+    """Parse and check a registration against the job without changing anything."""
+    errors: list[dict[str, str]] = []
+    ranks: list[RankAnnouncement] = []
+    comms: list[CommAnnouncement] = []
+    for i, raw in enumerate(ranks_raw):
+        try:
+            ranks.append(parse_rank(raw))
+        except RecordError as exc:
+            errors.append({"loc": f"ranks[{i}]", "msg": str(exc)})
+    if len({r.rank for r in ranks}) != len(ranks):
+        errors.append({"loc": "ranks", "msg": "ranks must be distinct"})
+    names: set[str] = set()
+    for i, raw in enumerate(comms_raw):
+        try:
+            ann = parse_comm(raw)
+        except RecordError as exc:
+            errors.append({"loc": f"comms[{i}]", "msg": str(exc)})
+            continue
+        existing = topo.comms.get(ann.comm)
+        if ann.comm in names:
+            errors.append({"loc": f"comms[{i}]", "msg": f"comm {ann.comm} listed twice"})
+        elif existing is not None and (existing.ranks, existing.kind) != (ann.ranks, ann.kind):
+            errors.append({"loc": f"comms[{i}]", "msg": f"conflicting definition of {ann.comm}"})
+        names.add(ann.comm)
+        comms.append(ann)
+    new = [c for c in comms if c.comm not in topo.comms]
+    if len(topo.comms) + len(new) > topo.max_comms:
+        errors.append({"loc": "comms", "msg": f"job exceeds {topo.max_comms} comms"})
+    if topo.comm_members + sum(len(c.ranks) for c in new) > topo.max_comm_members:
+        errors.append(
+            {"loc": "comms", "msg": f"job exceeds {topo.max_comm_members} communicator members"}
+        )
+    members = {r for c in comms for r in c.ranks} | {r.rank for r in ranks}
+    if len(topo.ranks) + sum(1 for r in members if r not in topo.ranks) > topo.max_ranks:
+        errors.append({"loc": "ranks", "msg": f"job exceeds {topo.max_ranks} ranks"})
+    if errors:
+        raise RegistrationError(errors)
+    return ranks, comms
+
+
+def register(
+    topo: Topology, host: str, digest: str, ranks: list[RankAnnouncement],
+    comms: list[CommAnnouncement],
+) -> HostTopology:  # fmt: skip
+    """Apply a checked registration to the job's topology; the host's lookup tables."""
+    for r in ranks:
+        topo.announce_rank(host, r)
+    for c in comms:
+        topo.announce_comm(c)
+    own = np.array(sorted(r.rank for r in ranks), dtype=np.int64)
+    col = {int(r): i for i, r in enumerate(own.tolist())}
+    position = np.full((len(comms), own.size), -1, np.int64)
+    other = np.full((len(comms), own.size), NO_PEER, np.int64)
+    for ci, c in enumerate(comms):
+        where = topo.comms[c.comm].position  # rank -> position: only the host's ranks are looked up
+        for r, j in col.items():
+            p = where.get(r)
+            if p is None:
+                continue
+            position[ci, j] = p
+            if len(c.ranks) == 2:
+                other[ci, j] = c.ranks[1 - p]
+    return HostTopology(
+        host=host,
+        digest=digest,
+        ranks=own,
+        slots=np.array([topo.ranks[r].slot for r in own.tolist()], dtype=np.int64),
+        comm_index=np.array([topo.comms[c.comm].index for c in comms], dtype=np.int64),
+        comm_size=np.array([len(c.ranks) for c in comms], dtype=np.int64),
+        position=position,
+        other=other,
+    )
+
+
+@dataclass(slots=True)
+class Checked:
+    """The result of checking an envelope's columns."""
+
+    members: dict[str, np.ndarray]  # the valid collectives, as the joiner stages them
+    steps: dict[str, np.ndarray]  # the valid step records (rank slot, step, start, end) + index
+    rejected: list[dict[str, str]]
+    reasons: list[Reject]
+
+
+_REASONS = (
+    (Reject.INVALID, "rank is not one of the host's registered ranks"),
+    (Reject.UNKNOWN_COMM, "comm code is not in the host's registered topology"),
+    (Reject.WRONG_HOST, "rank now lives on another host"),
+    (Reject.NOT_MEMBER, "rank is not a member of the comm"),
+    (Reject.INVALID, "seq must be >= 0"),
+    (Reject.UNKNOWN_OP, "unknown op code"),
+    (Reject.NEGATIVE_BYTES, "negative bytes"),
+    (Reject.INVALID, "start_ns must be >= 0"),
+    (Reject.END_BEFORE_START, "end_ns before start_ns"),
+    (Reject.BAD_PEER, "peer is not the other member of the comm (send/recv) or not -1"),
+)
+
+
+def _rows(ht: HostTopology, rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(column of each rank in the host's tables, whether it is the host's)``."""
+    if not ht.ranks.size:
+        return np.zeros(rank.size, np.int64), np.zeros(rank.size, bool)
+    j = np.minimum(np.searchsorted(ht.ranks, rank), ht.ranks.size - 1)
+    return j, ht.ranks[j] == rank
+
+
+def check_columns(
+    cols: Columns, ht: HostTopology, slot_host: np.ndarray, host_index: int, seen_ns: int
+) -> Checked:
+    """Check every record of ``cols`` at once; the valid ones come out ready to stage."""
+    c = cols.collectives
+    rank, code = c["rank"].astype(np.int64), c["comm"].astype(np.int64)
+    j, own = _rows(ht, rank)
+    known = code < ht.comm_index.size
+    code_ok = np.where(known, code, 0)
+    slot = ht.slots[j] if ht.slots.size else np.zeros(rank.size, np.int64)
+    here = own & (slot_host[slot] == host_index) if slot_host.size else own
+    pos = ht.position[code_ok, j] if ht.position.size else np.full(rank.size, -1)
+    op = c["op"]
+    op_ok = op < len(OPS)
+    p2p = _P2P_CODE[np.where(op_ok, op, 0)]
+    peer = c["peer"].astype(np.int64)
+    other = ht.other[code_ok, j] if ht.other.size else np.full(rank.size, NO_PEER)
+    start, end = c["start_ns"], c["end_ns"]
+    failed = (
+        ~own,
+        ~known,
+        ~here,
+        pos < 0,
+        c["seq"] < 0,
+        ~op_ok,
+        c["bytes"] < 0,
+        start < 0,
+        (end != NO_END) & (end < start),
+        np.where(p2p, (other == NO_PEER) | (peer != other), peer != NO_PEER),
+    )
+    bad = np.zeros(rank.size, bool)
+    for f in failed:
+        bad |= f
+    rejected: list[dict[str, str]] = []
+    reasons: list[Reject] = []
+    if bad.any():
+        for i in np.flatnonzero(bad).tolist():
+            code_, msg = next(r for f, r in zip(failed, _REASONS, strict=True) if f[i])
+            rejected.append({"index": f"collectives[{i}]", "reason": msg})
+            reasons.append(code_)
+    ok = ~bad
+    members = {
+        "comm": ht.comm_index[code_ok[ok]] if ht.comm_index.size else code_ok[ok],
+        "seq": c["seq"][ok].astype(np.int64),
+        "pos": pos[ok],
+        "slot": slot[ok],
+        "op": op[ok].astype(np.uint8),
+        "nbytes": c["bytes"][ok].astype(np.int64),
+        "start": start[ok].astype(np.int64),
+        "end": end[ok].astype(np.int64),
+        "seen": np.full(int(ok.sum()), seen_ns, np.int64),
+    }
+    s = cols.steps
+    sj, sown = _rows(ht, s["rank"].astype(np.int64))
+    sslot = ht.slots[sj] if ht.slots.size else np.zeros(sj.size, np.int64)
+    shere = sown & (slot_host[sslot] == host_index) if slot_host.size else sown
+    sfailed = (
+        (~sown, (Reject.INVALID, "rank is not one of the host's registered ranks")),
+        (~shere, (Reject.WRONG_HOST, "rank now lives on another host")),
+        (s["step"] < 0, (Reject.INVALID, "step must be >= 0")),
+        (s["start_ns"] < 0, (Reject.INVALID, "start_ns must be >= 0")),
+        (s["end_ns"] < s["start_ns"], (Reject.END_BEFORE_START, "end_ns before start_ns")),
+    )
+    sbad = np.zeros(sj.size, bool)
+    for f, _ in sfailed:
+        sbad |= f
+    for i in np.flatnonzero(sbad).tolist():
+        code_, msg = next(r for f, r in sfailed if f[i])
+        rejected.append({"index": f"steps[{i}]", "reason": msg})
+        reasons.append(code_)
+    sok = ~sbad
+    steps = {
+        "index": np.flatnonzero(sok),
+        "slot": sslot[sok],
+        "rank": s["rank"][sok].astype(np.int64),
+        "step": s["step"][sok].astype(np.int64),
+        "start": s["start_ns"][sok].astype(np.int64),
+        "end": s["end_ns"][sok].astype(np.int64),
+    }
+    return Checked(members, steps, rejected, reasons)
+
+
+
+class UnknownTopology(LookupError):
+    """An envelope names a topology digest its host never registered (or that was forgotten)."""
+
+    def __init__(self, host: str, digest: str) -> None:
+        super().__init__(f"host {host} has no registered topology {digest!r}; register it again")
+        self.host, self.digest = host, digest
+
+
+def register_topology(
+    state: JobState, host: str, ranks_raw: list[Any], comms_raw: list[Any]
+) -> HostTopology:
+    """Check and apply a host's registration (all or nothing); raises RegistrationError."""
+    declared = [r.get("world_size") for r in ranks_raw if isinstance(r, dict)]
+    state.scale_limits(max((w for w in declared if isinstance(w, int)), default=None))
+    ranks, comms = check_registration(state.topology, ranks_raw, comms_raw)
+    key = digest(
+        [{"rank": r.rank, "gpu": r.gpu, "world_size": r.world_size} for r in ranks],
+        [{"comm": c.comm, "kind": c.kind, "ranks": list(c.ranks)} for c in comms],
+    )
+    kept = state.registrations.setdefault(host, OrderedDict())
+    ht = kept.get(key)
+    if ht is None:
+        ht = register(state.topology, host, key, ranks, comms)
+    kept[key] = ht
+    kept.move_to_end(key)
+    while len(kept) > REGISTRATIONS_KEPT:
+        kept.popitem(last=False)
+    return ht
+
+
+def apply_v2(state: JobState, header: dict[str, Any], cols: Columns) -> ApplyResult:
+    """Apply a v2 envelope whose header was checked (job, host, sent_ns, agent, batch_seq,
+    topology); raises UnknownTopology before anything is applied."""
+    host, sent_ns = header["host"], header["sent_ns"]
+    agent, batch_seq = header.get("agent"), header.get("batch_seq")
+    ht = state.registrations.get(host, {}).get(header["topology"])
+    if ht is None:
+        raise UnknownTopology(host, header["topology"])
+    result = state.begin(host, sent_ns, agent, batch_seq, cols.n_collectives + cols.n_steps)
+    if result.batch_duplicate:
+        return result
+    topo = state.topology
+    checked = check_columns(
+        cols, ht, topo.slot_host, topo.host_ids.get(host, -1), state.watermark_ns
+    )
+    result.rejected, result.reasons = checked.rejected, checked.reasons
+    state.stage(checked.members)
+    result.count(RecordKind.COLLECTIVE, int(checked.members["comm"].size))
+    s = checked.steps
+    fresh, errors = state.add_steps(s["slot"], s["step"], s["start"], s["end"])
+    for i, exc in errors:
+        result.reject(f"steps[{int(s['index'][i])}]", exc)
+    new = int(fresh.sum())
+    result.count(RecordKind.STEP, new, int(fresh.size) - new - len(errors))
+    return state.finish(result, host, sent_ns, agent, batch_seq)

@@ -1,0 +1,317 @@
+"""The join: member records of each collective, keyed by (comm, seq), become whole collectives.
+
+Ingest only *stages* validated member records (columns, no per-record object); a join pass, at the
+start of every detection pass (or earlier when much is staged), sorts the staged records together
+with the still-incomplete ones by (comm, seq) and finds, per communicator size, which collectives
+now have every member's end. Those go to the frame builder as :class:`ReadyBatch` columns; the
+rest stay pending. Duplicate member records (the same member twice) are dropped; a member
+reported in flight (``end = -1``) and later completed keeps the completion; a member reported
+twice with different data keeps the first and counts a conflict.
+
+All of it is whole-array work: the cost per record is a share of one sort and a few scatters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from failslow.detectors.types import P2P
+from failslow.detectors.vocab import Op
+from failslow.wire.v2 import NO_END, OPS
+
+SEQ_BITS = 40
+SEQ_MASK = (1 << SEQ_BITS) - 1  # the sort key holds a seq modulo 2^40 (pending collectives of
+MAX_COMMS = 1 << 22  # one comm are never 2^40 apart) and the comm index above it
+COLUMNS = ("comm", "seq", "pos", "slot", "op", "nbytes", "start", "end", "seen", "arrival")
+DTYPES = {
+    "comm": np.int64, "seq": np.int64, "pos": np.int64, "slot": np.int64, "op": np.uint8,
+    "nbytes": np.int64, "start": np.int64, "end": np.int64, "seen": np.int64,
+    "arrival": np.int64,
+}  # fmt: skip
+_P2P_CODES = np.array([op in (Op.SEND, Op.RECV) for op in OPS])
+_ALLREDUCE = np.array([op == Op.ALLREDUCE for op in OPS])
+_RING = np.array([op in (Op.ALLGATHER, Op.REDUCESCATTER, Op.ALLTOALL) for op in OPS])
+_BARRIER = np.array([op == Op.BARRIER for op in OPS])
+
+
+def bus_factors(op: np.ndarray, n: int) -> np.ndarray:
+    """nccl-tests' bus factor of each op code for ``n`` members (see detectors.busbw); p2p
+    counts as a send."""
+    if n < 2:
+        return np.zeros(op.size)
+    out = np.ones(op.size)
+    out[_ALLREDUCE[op]] = 2.0 * (n - 1) / n
+    out[_RING[op]] = (n - 1) / n
+    out[_BARRIER[op]] = 0.0
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyBatch:
+    """Completed collectives with the same member count, as columns.
+
+    Columns, not objects: detection then works on whole arrays (see bench/detection_scale.py).
+    """
+
+    size: int
+    comm: np.ndarray  # (k,) comm index
+    kind: np.ndarray  # (k,) kind column (P2P for send/recv)
+    ebytes: np.ndarray  # (k,) message bytes x bus factor
+    starts: np.ndarray  # (k, size) member start_ns, in comm order, on each member's clock
+    ends: np.ndarray  # (k, size)
+
+    def __len__(self) -> int:
+        return int(self.comm.size)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingGroup:
+    """An incomplete collective, for the hang detector and views."""
+
+    comm: int
+    seq: int
+    first_ns: int  # earliest start of a member that reported
+    seen_ns: int  # the job's event time when its first member record arrived
+    positions: np.ndarray  # member positions that reported
+    starts: np.ndarray  # their starts
+    ends: np.ndarray  # their ends (-1: in flight)
+
+
+def _empty() -> dict[str, np.ndarray]:
+    return {c: np.zeros(0, DTYPES[c]) for c in COLUMNS}
+
+
+def _take(cols: dict[str, np.ndarray], index: np.ndarray) -> dict[str, np.ndarray]:
+    return {c: v[index] for c, v in cols.items()}
+
+
+class Joiner:
+    """Staged and pending member records of one job. Mutated only under the job lock."""
+
+    def __init__(self, *, max_pending: int, retention_ns: int) -> None:
+        self.max_pending = max_pending  # incomplete collectives held at once
+        self.retention_ns = retention_ns
+        self.staged: list[dict[str, np.ndarray]] = []
+        self.staged_records = 0
+        self.pending = _empty()  # sorted by (comm, seq)
+        self.pending_groups = 0
+        self.expired = 0  # incomplete collectives dropped by retention or the cap
+        self.conflicts = 0  # member records that contradicted an earlier one (dropped)
+        self.duplicates = 0  # member records identical to an earlier one (dropped)
+        self.last_end = np.zeros(0, np.int64)  # per slot: end of its newest completed call
+        self.arrivals = 0  # member records staged so far
+
+    # -- input ---------------------------------------------------------------------------------
+    def stage(self, cols: dict[str, np.ndarray], n_slots: int) -> None:
+        """Add validated member records (the columns of :data:`COLUMNS` but ``arrival``, which
+        is numbered here: the order in which records reached the job)."""
+        n = int(cols["comm"].size)
+        if not n:
+            return
+        cols["arrival"] = np.arange(self.arrivals, self.arrivals + n, dtype=np.int64)
+        self.arrivals += n
+        self.staged.append(cols)
+        self.staged_records += n
+        if self.last_end.size < n_slots:
+            self.last_end = np.concatenate(
+                [self.last_end, np.zeros(n_slots - self.last_end.size, np.int64)]
+            )
+        done = cols["end"] != NO_END
+        np.maximum.at(self.last_end, cols["slot"][done], cols["end"][done])
+
+    # -- the join ------------------------------------------------------------------------------
+    def join(self, comm_size: np.ndarray, comm_kind: np.ndarray) -> list[ReadyBatch]:
+        """Complete what can be completed; returns one batch per member count."""
+        if not self.staged:
+            return []
+        parts = [self.pending, *self.staged]
+        self.staged, self.staged_records = [], 0
+        cols = {c: np.concatenate([p[c] for p in parts]) for c in COLUMNS}
+        key = (cols["comm"] << SEQ_BITS) | (cols["seq"] & SEQ_MASK)
+        order = np.argsort(key, kind="stable")  # arrival order kept within a collective
+        cols = _take(cols, order)
+        key = key[order]
+        first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+        gid = np.repeat(np.arange(first.size), np.diff(np.r_[first, key.size]))
+        gcomm = cols["comm"][first]
+        gsize = comm_size[gcomm]
+        out: list[ReadyBatch] = []
+        keep = np.zeros(key.size, dtype=bool)  # records of incomplete collectives
+        for n in np.unique(gsize).tolist():
+            groups = np.flatnonzero(gsize == n)
+            rec = np.flatnonzero(gsize[gid] == n)
+            row_of = np.full(first.size, -1, np.int64)
+            row_of[groups] = np.arange(groups.size)
+            cell = row_of[gid[rec]] * n + cols["pos"][rec]
+            winner = self._winners(cell, rec, cols, groups.size * n)
+            filled = winner >= 0
+            starts = np.full(groups.size * n, NO_END, np.int64)
+            ends = np.full(groups.size * n, NO_END, np.int64)
+            starts[filled] = cols["start"][winner[filled]]
+            ends[filled] = cols["end"][winner[filled]]
+            complete = (ends != NO_END).reshape(-1, n).all(axis=1)
+            if complete.any():
+                rows = np.flatnonzero(complete)
+                g = groups[rows]
+                op = cols["op"][first[g]]
+                p2p = _P2P_CODES[op]
+                nbytes = np.maximum.reduceat(cols["nbytes"], first)[g]
+                out.append(
+                    ReadyBatch(
+                        n,
+                        gcomm[g],
+                        np.where(p2p, P2P, comm_kind[gcomm[g]]),
+                        nbytes * bus_factors(np.where(p2p, OPS.index(Op.SEND), op), n),
+                        starts.reshape(-1, n)[rows],
+                        ends.reshape(-1, n)[rows],
+                    )
+                )
+            open_cells = np.zeros(groups.size * n, dtype=bool)
+            open_cells[filled] = ~np.repeat(complete, n)[filled]
+            keep[winner[open_cells]] = True
+        self.pending = _take(cols, np.flatnonzero(keep))
+        kept = key[keep]
+        self.pending_groups = int(kept.size and 1 + np.count_nonzero(kept[1:] != kept[:-1]))
+        if self.pending_groups > self.max_pending:
+            self._drop_oldest(self.pending_groups - self.max_pending)
+        return out
+
+    def _winners(
+        self, cell: np.ndarray, rec: np.ndarray, cols: dict[str, np.ndarray], cells: int
+    ) -> np.ndarray:
+        """Per cell (collective x member), the record that stands for it (-1: none)."""
+        winner = np.full(cells, -1, np.int64)
+        count = np.bincount(cell, minlength=cells)
+        winner[cell] = rec  # where a cell has several records, the last write wins: fixed below
+        multi = np.flatnonzero(count > 1)
+        if multi.size:
+            order = np.argsort(cell, kind="stable")  # arrival order within a cell
+            sorted_cells = cell[order]
+            lo = np.searchsorted(sorted_cells, multi, side="left")
+            hi = np.searchsorted(sorted_cells, multi, side="right")
+            for c, a, b in zip(multi.tolist(), lo.tolist(), hi.tolist(), strict=True):
+                winner[c] = self._resolve(rec[order[a:b]], cols)
+        return winner
+
+    def _resolve(self, records: np.ndarray, cols: dict[str, np.ndarray]) -> int:
+        """One member reported several times: keep the first, or its completion."""
+        chosen = int(records[0])
+        for r in records[1:].tolist():
+            same = (
+                cols["op"][r] == cols["op"][chosen]
+                and cols["nbytes"][r] == cols["nbytes"][chosen]
+                and cols["start"][r] == cols["start"][chosen]
+            )
+            end, chosen_end = cols["end"][r], cols["end"][chosen]
+            if not same:
+                self.conflicts += 1
+            elif end in (chosen_end, NO_END):
+                self.duplicates += 1  # identical, or a stale in-flight copy
+            elif chosen_end == NO_END:
+                chosen = r  # the in-flight call completed
+            else:
+                self.conflicts += 1
+        return chosen
+
+    # -- bounds --------------------------------------------------------------------------------
+    def _groups(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(first index, key)`` of each pending collective (pending is sorted by key)."""
+        p = self.pending
+        key = (p["comm"] << SEQ_BITS) | (p["seq"] & SEQ_MASK)
+        first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if key.size else key
+        return first.astype(np.int64), key
+
+    def _drop(self, dropped_groups: np.ndarray, first: np.ndarray) -> np.ndarray:
+        """Remove the given pending collectives; returns their (comm, seq) as an (n, 2) array."""
+        p = self.pending
+        sizes = np.diff(np.r_[first, p["comm"].size])
+        gone = np.repeat(np.isin(np.arange(first.size), dropped_groups), sizes)
+        out = np.column_stack([p["comm"][first[dropped_groups]], p["seq"][first[dropped_groups]]])
+        self.pending = _take(p, np.flatnonzero(~gone))
+        self.pending_groups -= int(dropped_groups.size)
+        self.expired += int(dropped_groups.size)
+        return out
+
+    def _arrival_order(self, first: np.ndarray) -> np.ndarray:
+        """Pending collectives in the order their first member record arrived."""
+        return np.argsort(np.minimum.reduceat(self.pending["arrival"], first), kind="stable")
+
+    def _drop_oldest(self, count: int) -> None:
+        first, _ = self._groups()
+        self._drop(self._arrival_order(first)[:count], first)
+
+    def expire(self, watermark_ns: int) -> np.ndarray:
+        """Drop incomplete collectives older than the retention window; returns their
+        (comm, seq) as an (n, 2) array. Arrival order is close to event order: the scan stops
+        at the first young one."""
+        if not self.pending_groups:
+            return np.zeros((0, 2), np.int64)
+        first, _ = self._groups()
+        order = self._arrival_order(first)
+        oldest = np.minimum.reduceat(self.pending["start"], first)[order]
+        young = np.flatnonzero(oldest >= watermark_ns - self.retention_ns)
+        old = order[: young[0] if young.size else order.size]
+        return self._drop(old, first) if old.size else np.zeros((0, 2), np.int64)
+
+    def abandon(self) -> int:
+        """Drop every incomplete collective (the job restarted: its members are gone)."""
+        self.join_pending_only()
+        count = self.pending_groups
+        self.pending, self.pending_groups = _empty(), 0
+        self.expired += count
+        return count
+
+    def join_pending_only(self) -> None:
+        """Fold what is staged into pending without completing anything (for counts)."""
+        if not self.staged:
+            return
+        parts = [self.pending, *self.staged]
+        self.staged, self.staged_records = [], 0
+        cols = {c: np.concatenate([p[c] for p in parts]) for c in COLUMNS}
+        key = (cols["comm"] << SEQ_BITS) | (cols["seq"] & SEQ_MASK)
+        order = np.argsort(key, kind="stable")
+        self.pending = _take(cols, order)
+        k = key[order]
+        self.pending_groups = int(k.size and 1 + np.count_nonzero(k[1:] != k[:-1]))
+
+    # -- views ---------------------------------------------------------------------------------
+    def inflight_count(self) -> int:
+        """Incomplete collectives that a member reported as entered but not completed."""
+        if not self.pending_groups:
+            return 0
+        first, key = self._groups()
+        inside = self.pending["end"] == NO_END
+        return int(np.count_nonzero(np.logical_or.reduceat(inside, first)))
+
+    def groups(self, *, started_before_ns: int | None = None) -> list[PendingGroup]:
+        """Pending collectives in order of arrival. With ``started_before_ns``: those arriving
+        before the first whose first member started after it and, when there are any, every
+        later one that a member is inside (whoever waits there waits for someone else)."""
+        if not self.pending_groups:
+            return []
+        p = self.pending
+        first, _ = self._groups()
+        bounds = np.r_[first, p["comm"].size]
+        oldest = np.minimum.reduceat(p["start"], first)
+        seen = np.minimum.reduceat(p["seen"], first)
+        order = self._arrival_order(first)
+        if started_before_ns is not None:
+            young = np.flatnonzero(oldest[order] >= started_before_ns)
+            cut = young[0] if young.size else order.size
+            if cut == 0:
+                return []
+            inside = np.logical_or.reduceat(p["end"] == NO_END, first)
+            later = order[cut:]
+            order = np.r_[order[:cut], later[inside[later]]]
+        out = []
+        for g in order.tolist():
+            a, b = bounds[g], bounds[g + 1]
+            out.append(
+                PendingGroup(
+                    int(p["comm"][a]), int(p["seq"][a]), int(oldest[g]), int(seen[g]),
+                    p["pos"][a:b], p["start"][a:b], p["end"][a:b],
+                )  # fmt: skip
+            )
+        return out

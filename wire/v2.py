@@ -1,0 +1,175 @@
+"""Ingest v2: one host's records for one job as typed little-endian columns.
+
+A body is ``magic | header length | header (JSON) | columns``::
+
+    0      4 bytes   b"FSL2"
+    4      4 bytes   uint32 LE: length H of the header
+    8      H bytes   UTF-8 JSON object: job, host, sent_ns, agent, batch_seq, topology (the
+                     digest of the host's registered topology), collectives (count K), steps
+                     (count S)
+    8 + H  padding to a multiple of 8
+    then, each padded to a multiple of 8 bytes:
+        K x int32  collective rank (global)
+        K x uint32 collective comm: index into the host's registered comm list
+        K x int64  collective seq
+        K x uint8  collective op: index into OPS
+        K x int64  collective bytes
+        K x int64  collective start_ns
+        K x int64  collective end_ns (-1: still in flight)
+        K x int32  collective peer (global rank for send/recv, -1 otherwise)
+        S x int32  step rank (global)
+        S x int64  step number
+        S x int64  step start_ns
+        S x int64  step end_ns
+
+Why raw columns: the service reads them with one ``numpy.frombuffer`` each (no parsing, no
+per-record object) and checks them with whole-array operations; 45 bytes a collective before
+gzip. Measured on a 1,000-record envelope against the alternatives in docs/ingest-v2.md.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from failslow.detectors.vocab import Op
+
+MAGIC = b"FSL2"
+MEDIA_TYPE = "application/vnd.failslow.v2"
+OPS: tuple[Op, ...] = tuple(Op)  # op code -> op
+OP_CODE = {op: i for i, op in enumerate(OPS)}
+NO_END = -1  # end_ns of a call still in flight
+NO_PEER = -1
+MAX_HEADER = 64 * 1024
+
+COLLECTIVE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("rank", "<i4"),
+    ("comm", "<u4"),
+    ("seq", "<i8"),
+    ("op", "u1"),
+    ("bytes", "<i8"),
+    ("start_ns", "<i8"),
+    ("end_ns", "<i8"),
+    ("peer", "<i4"),
+)
+STEP_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("rank", "<i4"),
+    ("step", "<i8"),
+    ("start_ns", "<i8"),
+    ("end_ns", "<i8"),
+)
+
+
+class FormatError(ValueError):
+    """The body is not a v2 envelope (the whole body is rejected)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Columns:
+    """An envelope's records as arrays (views into the body where it was decoded)."""
+
+    collectives: dict[str, np.ndarray]
+    steps: dict[str, np.ndarray]
+
+    @property
+    def n_collectives(self) -> int:
+        return int(self.collectives["rank"].size)
+
+    @property
+    def n_steps(self) -> int:
+        return int(self.steps["rank"].size)
+
+    @staticmethod
+    def empty() -> Columns:
+        return Columns(
+            {name: np.zeros(0, dtype) for name, dtype in COLLECTIVE_COLUMNS},
+            {name: np.zeros(0, dtype) for name, dtype in STEP_COLUMNS},
+        )
+
+
+def _pad(n: int) -> int:
+    return (-n) % 8
+
+
+def encode(header: dict[str, Any], collectives: dict[str, Any], steps: dict[str, Any]) -> bytes:
+    """A v2 body. ``collectives``/``steps``: column name -> sequence (or array) of values;
+    ``header`` without the counts (they are set here)."""
+    k = len(collectives.get("rank", ()))
+    s = len(steps.get("rank", ()))
+    head = orjson.dumps({**header, "collectives": k, "steps": s})
+    parts = [MAGIC, struct.pack("<I", len(head)), head, b"\0" * _pad(8 + len(head))]
+    for names, count, values in ((COLLECTIVE_COLUMNS, k, collectives), (STEP_COLUMNS, s, steps)):
+        for name, dtype in names:
+            col = np.asarray(values[name], dtype=dtype) if count else np.zeros(0, dtype)
+            if col.shape != (count,):
+                raise ValueError(f"column {name} has {col.size} values, expected {count}")
+            raw = col.tobytes()
+            parts += [raw, b"\0" * _pad(len(raw))]
+    return b"".join(parts)
+
+
+def decode(body: bytes) -> tuple[dict[str, Any], Columns]:
+    """``(header, columns)``; raises :class:`FormatError` for anything that is not a v2 body."""
+    if len(body) < 8 or body[:4] != MAGIC:
+        raise FormatError("not a v2 body (magic FSL2 missing)")
+    (h,) = struct.unpack_from("<I", body, 4)
+    if h > MAX_HEADER or 8 + h > len(body):
+        raise FormatError(f"header length {h} does not fit the body")
+    try:
+        header = orjson.loads(body[8 : 8 + h])
+    except orjson.JSONDecodeError as exc:
+        raise FormatError(f"header is not JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise FormatError("header must be a JSON object")
+    k, s = header.get("collectives"), header.get("steps")
+    if type(k) is not int or type(s) is not int or k < 0 or s < 0:
+        raise FormatError("header.collectives and header.steps must be counts")
+    offset = 8 + h + _pad(8 + h)
+    view = memoryview(body)
+    tables: list[dict[str, np.ndarray]] = []
+    for names, count in ((COLLECTIVE_COLUMNS, k), (STEP_COLUMNS, s)):
+        table: dict[str, np.ndarray] = {}
+        for name, dtype in names:
+            size = np.dtype(dtype).itemsize * count
+            if offset + size > len(body):
+                raise FormatError(f"the body ends inside column {name}")
+            table[name] = np.frombuffer(view[offset : offset + size], dtype=dtype)
+            offset += size + _pad(size)
+        tables.append(table)
+    if offset != len(body):
+        raise FormatError(f"{len(body) - offset} bytes after the last column")
+    return header, Columns(tables[0], tables[1])
+
+
+def encode_records(
+    header: dict[str, Any],
+    comm_codes: dict[str, int],
+    collectives: list[dict[str, Any]],
+    steps: list[dict[str, Any]],
+) -> bytes:
+    """A v2 body from v1-shaped records (``comm`` names, ``op`` names, ``end_ns`` None in
+    flight): the bridge for tools that speak v1 (replay, the simulator). ``comm_codes``: the
+    host's registered comm name -> code. Ops must be canonical (as the SDK and sources write)."""
+    cols: dict[str, list[Any]] = {name: [] for name, _ in COLLECTIVE_COLUMNS}
+    for c in collectives:
+        cols["rank"].append(c["rank"])
+        cols["comm"].append(comm_codes[c["comm"]])
+        cols["seq"].append(c["seq"])
+        cols["op"].append(OP_CODE[Op(c["op"])])
+        cols["bytes"].append(c["bytes"])
+        cols["start_ns"].append(c["start_ns"])
+        end = c.get("end_ns")
+        cols["end_ns"].append(NO_END if end is None else end)
+        peer = c.get("peer")
+        cols["peer"].append(NO_PEER if peer is None else peer)
+    st: dict[str, list[Any]] = {name: [] for name, _ in STEP_COLUMNS}
+    for s in steps:
+        st["rank"].append(s["rank"])
+        st["step"].append(s["step"])
+        st["start_ns"].append(s["start_ns"])
+        st["end_ns"].append(s["end_ns"])
+    return encode(header, cols, st)
