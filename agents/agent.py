@@ -1,8 +1,10 @@
 """The node agent: receives records from local training processes and ships them to the service.
 
 Input: a Unix datagram socket (default) or a spool directory of files written by the SDK.
-Output: v1 envelopes, one per ``flush_interval_s`` (or sooner when a batch is full), gzip, each
-with this agent's stream id and an increasing ``batch_seq``. Sealed envelopes are written to a
+Output: envelopes, one per ``flush_interval_s`` (or sooner when a batch is full), gzip, each with
+this agent's stream id and an increasing ``batch_seq``: v2 binary columns by default (the host's
+topology registered once and named by digest, see :mod:`failslow.agents.columnar`), v1 JSON with
+``protocol="v1"``. Sealed envelopes are written to a
 durable outbox before delivery and deleted only after the service answered 200, so a service
 outage or restart loses nothing, and a re-send after a lost answer is recognised by the service
 as a duplicate. Input files from the SDK spool are deleted only once their records are sealed.
@@ -10,7 +12,6 @@ as a duplicate. Input files from the SDK spool are deleted only once their recor
 
 from __future__ import annotations
 
-import gzip
 import logging
 import os
 import socket
@@ -24,6 +25,8 @@ from typing import Any
 import orjson
 
 from failslow.agents import wire
+from failslow.agents.columnar import V2Sealer
+from failslow.agents.delivery import Shipping
 from failslow.agents.spool import AgentState, Outbox
 from failslow.agents.transport import Backoff, Sender
 
@@ -46,10 +49,12 @@ class AgentStats:
     outbox_envelopes: int = 0
     outbox_bytes: int = 0
     dropped_records: int = 0
+    unencodable_records: int = 0  # v2: naming an unannounced comm or an unknown op
+    registrations: int = 0  # v2: topologies registered with the service
     last_error: str | None = None
 
 
-class NodeAgent:
+class NodeAgent(Shipping):
     def __init__(
         self,
         *,
@@ -68,6 +73,7 @@ class NodeAgent:
         backoff_cap_s: float = 10.0,
         inspector: Any = None,
         archive: str | None = None,
+        protocol: str = "v2",
     ) -> None:
         """``inspector``: an :class:`failslow.agents.sources.nccl_inspector.InspectorSource` to poll
         (NCCL Inspector dumps), next to the SDK's socket or spool directory. ``archive``: a
@@ -95,6 +101,10 @@ class NodeAgent:
         }
         self.comms: dict[str, dict[str, Any]] = dict(self.state.data.get("comms", {}))  # type: ignore[call-overload]
         self._topology_dirty = True
+        if protocol not in ("v1", "v2"):
+            raise ValueError(f"protocol must be v1 or v2, not {protocol!r}")
+        self.v2 = V2Sealer(self.state_dir) if protocol == "v2" else None
+        self._registered: set[str] = set()  # digests the service knows (this session)
         self.sender = Sender(service, token=token)
         self.backoff = Backoff(cap_s=backoff_cap_s)
         self.stats = AgentStats()
@@ -170,19 +180,29 @@ class NodeAgent:
             seq = self.next_seq
             self.next_seq += 1
             records = len(self._collectives) + len(self._steps)
-            envelope = {
+            header = {
                 "job": self.job,
                 "host": self.host,
                 "sent_ns": time.time_ns(),
                 "agent": self.agent_id,
                 "batch_seq": seq,
-                "ranks": list(self.ranks.values()),
-                "comms": list(self.comms.values()),
-                "collectives": self._collectives,
-                "steps": self._steps,
             }
+            ranks, comms = list(self.ranks.values()), list(self.comms.values())
+            if self.v2 is not None:
+                payload, records, dropped = self.v2.seal(
+                    header, ranks, comms, self._collectives, self._steps
+                )
+                self.stats.unencodable_records += dropped
+            else:
+                envelope = {
+                    **header,
+                    "ranks": ranks,
+                    "comms": comms,
+                    "collectives": self._collectives,
+                    "steps": self._steps,
+                }
+                payload = wire.encode_envelope(envelope)
             self._collectives, self._steps = [], []
-            payload = wire.encode_envelope(envelope)
             self.outbox.put(seq, payload, records)
             self.stats.records_sealed += records
             self._save_state()
@@ -198,81 +218,6 @@ class NodeAgent:
             self.state.data["comms"] = self.comms
             self._topology_dirty = False
         self.state.save()
-
-    # -- delivery ------------------------------------------------------------------------------
-    def deliver_once(self) -> str:
-        """Try to deliver the oldest envelope: 'ok', 'retry', 'refused' or 'empty'."""
-        item = self.outbox.oldest()
-        if item is None:
-            return "empty"
-        seq, payload, records = item
-        result = self.sender.post(payload)
-        self._last_post = time.monotonic()
-        if result.outcome == "ok":
-            body = result.body or {}
-            self.stats.records_accepted += int(body.get("accepted", 0))
-            self.stats.records_duplicate += int(body.get("duplicates", 0))
-            rejected = body.get("rejected") or []
-            self.stats.records_rejected += len(rejected)
-            if rejected:
-                log.warning(
-                    "service rejected %d records of envelope %d, e.g. %s",
-                    len(rejected),
-                    seq,
-                    rejected[:3],
-                )
-            self.stats.envelopes_sent += 1
-            if self.archive is not None:
-                self._archive(payload)
-            self.outbox.ack(seq)
-            self.backoff.reset()
-            return "ok"
-        if result.outcome == "retry":
-            self.stats.retries += 1
-            self.stats.last_error = result.error or f"HTTP {result.status}"
-            wait = result.wait_s if result.wait_s is not None else self.backoff.next()
-            log.info(
-                "delivery of envelope %d failed (%s); retrying in %.2fs",
-                seq,
-                self.stats.last_error,
-                wait,
-            )
-            self._stop.wait(wait)
-            return "retry"
-        self.stats.refused_envelopes += 1
-        self.stats.dropped_records += records
-        self.stats.last_error = f"HTTP {result.status}: {result.error}"
-        log.error(
-            "service refused envelope %d (%s); moved to %s",
-            seq,
-            self.stats.last_error,
-            self.outbox.dead,
-        )
-        self.outbox.bury(seq, self.stats.last_error)
-        return "refused"
-
-    def _archive(self, payload: bytes) -> None:
-        assert self.archive is not None
-        try:
-            raw = gzip.decompress(payload) if payload[:2] == b"\x1f\x8b" else payload
-            with self.archive.open("ab") as f:
-                f.write(orjson.dumps(orjson.loads(raw)) + b"\n")
-        except (OSError, ValueError) as exc:
-            log.warning("cannot archive an envelope to %s: %s", self.archive, exc)
-
-    def heartbeat(self) -> None:
-        with self._lock:
-            env = {
-                "job": self.job,
-                "host": self.host,
-                "sent_ns": time.time_ns(),
-                "ranks": list(self.ranks.values()),
-                "comms": list(self.comms.values()),
-            }
-        result = self.sender.post(wire.encode_envelope(env))
-        self._last_post = time.monotonic()
-        if result.outcome == "ok":
-            self.stats.heartbeats += 1
 
     # -- threads -------------------------------------------------------------------------------
     def _sender_loop(self) -> None:

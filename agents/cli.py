@@ -50,6 +50,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         backoff_cap_s=args.max_backoff,
         inspector=inspector,
         archive=args.archive,
+        protocol=args.protocol,
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -154,6 +155,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument(
         "--archive", help="append every delivered envelope to this JSONL file (for replay)"
+    )
+    p.add_argument(
+        "--protocol",
+        choices=["v2", "v1"],
+        default="v2",
+        help="v2: binary columns, the topology registered once (default); v1: JSON envelopes",
     )
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=cmd_agent)

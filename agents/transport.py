@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import email.utils
+import json
 import random
 import time
 from dataclasses import dataclass
@@ -56,18 +57,37 @@ class Delivery:
     error: str | None = None
 
 
+V2_MEDIA_TYPE = "application/vnd.failslow.v2"
+UNKNOWN_TOPOLOGY = "unknown-topology"
+
+
 class Sender:
     def __init__(self, service: str, *, token: str | None = None, timeout_s: float = 10.0) -> None:
         headers = {"Content-Type": "application/json", "User-Agent": "failslow-agent/1"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        self.url = service.rstrip("/") + "/v1/ingest"
+        self.base = service.rstrip("/")
+        self.url = self.base + "/v1/ingest"
         self.client = httpx.Client(headers=headers, timeout=timeout_s)
 
-    def post(self, payload: bytes, *, gzipped: bool = True) -> Delivery:
+    def post(self, payload: bytes, *, gzipped: bool = True, v2: bool = False) -> Delivery:
+        """One envelope; ``v2``: a binary v2 body (``unknown-topology`` when the service does
+        not know the topology it names: register it and send again)."""
         headers = {"Content-Encoding": "gzip"} if gzipped else {}
+        url = self.url
+        if v2:
+            headers["Content-Type"] = V2_MEDIA_TYPE
+            url = self.base + "/v2/ingest"
+        return self._send("POST", url, payload, headers)
+
+    def register(self, job: str, host: str, registration: dict[str, Any]) -> Delivery:
+        """Register a host's topology for v2 envelopes."""
+        url = f"{self.base}/v2/jobs/{job}/topology/{host}"
+        return self._send("PUT", url, json.dumps(registration).encode(), {})
+
+    def _send(self, method: str, url: str, payload: bytes, headers: dict[str, str]) -> Delivery:
         try:
-            resp = self.client.post(self.url, content=payload, headers=headers)
+            resp = self.client.request(method, url, content=payload, headers=headers)
         except httpx.HTTPError as exc:
             return Delivery("retry", None, None, error=f"{type(exc).__name__}: {exc}")
         body: dict[str, Any] | None
@@ -77,6 +97,8 @@ class Sender:
             body = None
         if resp.status_code == 200:
             return Delivery("ok", 200, body)
+        if resp.status_code == 409 and str((body or {}).get("type", "")).endswith(UNKNOWN_TOPOLOGY):
+            return Delivery(UNKNOWN_TOPOLOGY, 409, body, error=(body or {}).get("detail"))
         if resp.status_code in RETRYABLE:
             return Delivery(
                 "retry", resp.status_code, body, wait_s=retry_after(resp.headers.get("retry-after"))

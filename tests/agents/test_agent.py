@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import http.server
 import threading
 import time
@@ -151,7 +152,8 @@ def test_agent_restart_resumes_its_outbox_and_stream(tmp_path: Path, settings_: 
 
 
 class _Scripted(http.server.BaseHTTPRequestHandler):
-    """Answers from a script, then forwards to the real service (``upstream``)."""
+    """Answers envelopes (POST) from a script, then forwards to the real service (``upstream``);
+    topology registrations (PUT) always go through."""
 
     script: list[tuple[int, dict[str, str]]] = []
     upstream = ""
@@ -163,14 +165,7 @@ class _Scripted(http.server.BaseHTTPRequestHandler):
         self.seen.append(len(body))
         if _Scripted.forward_then_fail > 0:
             _Scripted.forward_then_fail -= 1
-            httpx.post(
-                self.upstream + self.path,
-                content=body,
-                headers={
-                    "Content-Type": "application/json",
-                    "Content-Encoding": self.headers.get("Content-Encoding", ""),
-                },
-            )
+            httpx.post(self.upstream + self.path, content=body, headers=self._forwarded())
             self.send_response(502)  # stored upstream, but the answer is "lost"
             self.end_headers()
             return
@@ -183,16 +178,21 @@ class _Scripted(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(b'{"detail": "scripted"}')
             return
-        r = httpx.post(
-            self.upstream + self.path,
-            content=body,
-            headers={
-                "Content-Type": "application/json",
-                "Content-Encoding": self.headers.get("Content-Encoding", ""),
-            },
-        )
+        self._relay(httpx.post(self.upstream + self.path, content=body, headers=self._forwarded()))
+
+    def do_PUT(self) -> None:  # noqa: N802
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self._relay(httpx.put(self.upstream + self.path, content=body, headers=self._forwarded()))
+
+    def _forwarded(self) -> dict[str, str]:
+        return {
+            "Content-Type": self.headers.get("Content-Type", "application/json"),
+            "Content-Encoding": self.headers.get("Content-Encoding", ""),
+        }
+
+    def _relay(self, r: httpx.Response) -> None:
         self.send_response(r.status_code)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", r.headers.get("content-type", "application/json"))
         self.end_headers()
         self.wfile.write(r.content)
 
@@ -288,3 +288,38 @@ def test_spool_input_files_are_deleted_only_once_sealed(
         assert wait_for(lambda: accepted_on_service(url) == 200)
         agent.stop()
     assert not list(spool.glob("*.jsonl"))
+
+
+def test_v2_registers_again_after_a_service_restart(tmp_path: Path, settings_: Settings) -> None:
+    """The service forgets registrations when it restarts; the agent's next envelope gets 409
+    unknown-topology, it registers again and re-sends: nothing lost, nothing twice."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    agent = make_agent(tmp_path, url)
+    items = [["r", 0, 0, 2], ["r", 1, 1, 2], ["m", "dp", "dp", [0, 1]]]
+    coll = [["c", r, "dp", i, "allreduce", 4, 10**18 + i, 10**18 + i + 1, None]
+            for i in range(40) for r in (0, 1)]  # fmt: skip
+    with live_service(settings_, port=port):
+        agent.add_items(items + coll[:40])
+        agent.seal()
+        assert agent.deliver_once() == "ok" and agent.stats.registrations == 1
+    with live_service(settings_, port=port):
+        agent.add_items(coll[40:] + [["m", "tp", "tp", [0, 1]]])  # a new comm: a new digest
+        agent.seal()
+        outcomes = [agent.deliver_once() for _ in range(3)]
+        assert outcomes[-1] == "empty" and "ok" in outcomes
+        assert accepted_on_service(url) == 80 and agent.stats.registrations == 2
+        detail = httpx.get(f"{url}/v1/jobs/{JOB}").json()
+        assert detail["comms"] == 2 and detail["ingest"]["h0"]["duplicates"] == 0
+    agent.sender.close()
+
+
+def test_v1_protocol_still_sends_json(tmp_path: Path, settings_: Settings) -> None:
+    with live_service(settings_) as url:
+        agent = make_agent(tmp_path, url, protocol="v1")
+        agent.add_items([["r", 0, 0, 1], ["m", "w", "world", [0]], ["s", 0, 1, 10, 20]])
+        agent.seal()
+        _, payload, _ = agent.outbox.oldest()  # type: ignore[misc]
+        assert payload[:2] == b"\x1f\x8b" and gzip.decompress(payload).startswith(b"{")
+        assert agent.deliver_once() == "ok" and accepted_on_service(url) == 1
+        agent.sender.close()
