@@ -22,6 +22,7 @@ from failslow.service.db import make_engine, make_sessionmaker, session_scope, u
 from failslow.service.detection.engine import DetectionEngine
 from failslow.service.errors import install_handlers
 from failslow.service.incidents.router import router as incidents_router
+from failslow.service.ingest.fastpath import V2FastPath
 from failslow.service.ingest.router import router as ingest_router
 from failslow.service.ingest.schemas import envelope_schema
 from failslow.service.ingest.service import Committer
@@ -88,7 +89,7 @@ def build_context(settings: Settings) -> AppContext:
     )
     mitigation.recover()
     probes = ProbeManager(settings=settings.probes, sessions=sessions, metrics=metrics)
-    committer = Committer(sessions)
+    committer = Committer(sessions, settings.ingest.commit_interval_s)
     ctx = AppContext(
         settings, engine, sessions, metrics, jobs, detection, mitigation, probes, committer
     )
@@ -124,6 +125,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     install_handlers(app)
+    app.add_middleware(V2FastPath)
     app.include_router(ingest_router)
     app.include_router(ingest_v2_router)
     app.include_router(jobs_router)

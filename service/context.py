@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
@@ -38,7 +38,9 @@ class AppContext:
     ingest_inflight: int = 0
 
 
-def get_ctx(request: Request) -> AppContext:
+async def get_ctx(request: Request) -> AppContext:
+    """Async on purpose: FastAPI runs a plain ``def`` dependency in a worker thread (a hop per
+    request); this one and the token checks below do not block."""
     return request.app.state.ctx  # type: ignore[no-any-return]
 
 
@@ -54,17 +56,17 @@ CtxDep = Annotated[AppContext, Depends(get_ctx)]
 SessionDep = Annotated[Session, Depends(get_session)]
 
 
-def require(role: Role) -> Callable[[Request, AppContext], None]:
-    def dependency(request: Request, ctx: CtxDep) -> None:
+def require(role: Role) -> Callable[[Request, AppContext], Awaitable[None]]:
+    async def dependency(request: Request, ctx: CtxDep) -> None:
         check(request, ctx.settings.auth, role)
 
     return dependency
 
 
-def require_any(*roles: Role) -> Callable[[Request, AppContext], None]:
+def require_any(*roles: Role) -> Callable[[Request, AppContext], Awaitable[None]]:
     """A token with any one of ``roles`` (403 only when it has none of them)."""
 
-    def dependency(request: Request, ctx: CtxDep) -> None:
+    async def dependency(request: Request, ctx: CtxDep) -> None:
         for role in roles[:-1]:
             try:
                 check(request, ctx.settings.auth, role)

@@ -127,6 +127,19 @@ def problem(
     return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
 
 
+def domain_problem(request: Request, exc: FailslowError) -> JSONResponse:
+    """The problem+json answer to one of our own errors."""
+    return problem(
+        exc.status,
+        exc.slug,
+        exc.title,
+        exc.detail,
+        instance=request.url.path,
+        errors=exc.errors,
+        headers=exc.headers,
+    )
+
+
 _STATUS_SLUGS = {
     400: ("bad-request", "Bad request"),
     401: ("unauthorized", "Unauthorized"),
@@ -147,15 +160,7 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(FailslowError)
     async def _domain(request: Request, exc: FailslowError) -> JSONResponse:
-        return problem(
-            exc.status,
-            exc.slug,
-            exc.title,
-            exc.detail,
-            instance=request.url.path,
-            errors=exc.errors,
-            headers=exc.headers,
-        )
+        return domain_problem(request, exc)
 
     @app.exception_handler(RegistryFull)
     async def _full(request: Request, exc: RegistryFull) -> JSONResponse:

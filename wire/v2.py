@@ -64,6 +64,10 @@ STEP_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 
 
+_COLLECTIVE_DTYPES = tuple((name, np.dtype(t)) for name, t in COLLECTIVE_COLUMNS)
+_STEP_DTYPES = tuple((name, np.dtype(t)) for name, t in STEP_COLUMNS)
+
+
 class FormatError(ValueError):
     """The body is not a v2 envelope (the whole body is rejected)."""
 
@@ -131,14 +135,15 @@ def decode(body: bytes) -> tuple[dict[str, Any], Columns]:
     offset = 8 + h + _pad(8 + h)
     view = memoryview(body)
     tables: list[dict[str, np.ndarray]] = []
-    for names, count in ((COLLECTIVE_COLUMNS, k), (STEP_COLUMNS, s)):
+    n = len(body)
+    for names, count in ((_COLLECTIVE_DTYPES, k), (_STEP_DTYPES, s)):
         table: dict[str, np.ndarray] = {}
         for name, dtype in names:
-            size = np.dtype(dtype).itemsize * count
-            if offset + size > len(body):
+            size = dtype.itemsize * count
+            if offset + size > n:
                 raise FormatError(f"the body ends inside column {name}")
-            table[name] = np.frombuffer(view[offset : offset + size], dtype=dtype)
-            offset += size + _pad(size)
+            table[name] = np.frombuffer(view, dtype, count, offset)
+            offset += size + (-size) % 8
         tables.append(table)
     if offset != len(body):
         raise FormatError(f"{len(body) - offset} bytes after the last column")

@@ -54,6 +54,9 @@ class JobRuntime:
     lock: threading.Lock = field(default_factory=threading.Lock)
     shape: JobShape | None = None
     shape_version: int = -1
+    # slot -> rank and rank -> (host, gpu), rebuilt when the topology changes (shape_version)
+    slot_rank: list[int] = field(default_factory=list)
+    rank_info: dict[int, tuple[str | None, int | None]] = field(default_factory=dict)
     # (kind, subject) -> incident id
     open: dict[tuple[IncidentKind, Subject], str] = field(default_factory=dict)
     seeded: bool = False
@@ -209,14 +212,13 @@ class DetectionEngine:
                 if rt.shape is None or rt.shape_version != topo.version:
                     rt.shape = job_shape(topo)
                     rt.shape_version = topo.version
+                    rt.slot_rank = list(topo.slot_rank)
+                    rt.rank_info = {r: (topo.ranks[r].host, topo.ranks[r].gpu)
+                                    for r in topo.slot_rank}  # fmt: skip
                     if rt.shares:
                         rt.pipeline.work = work_weights(topo, rt.shares)
                 shape = rt.shape
-                snap = PassSnapshot(
-                    list(topo.slot_rank),
-                    {r: (topo.ranks[r].host, topo.ranks[r].gpu) for r in topo.slot_rank},
-                    state.watermark_ns,
-                )
+                snap = PassSnapshot(rt.slot_rank, rt.rank_info, state.watermark_ns)
                 hang_input = self._hang_snapshot(rt, state)
             findings: list[Finding] = []
             job_rows: list[dict[str, Any]] = []

@@ -57,9 +57,9 @@ async def ingest(request: Request, ctx: CtxDep) -> IngestResult:
             envelope = parse_envelope(body)
             state = job_state(ctx.jobs, envelope.job)
             result = await run_in_threadpool(apply, state, lambda s: s.apply(envelope))
-            await ctx.committer.committed(state)
         finally:
             ctx.ingest_inflight -= 1
+        await ctx.committer.committed(state)  # waiting for the commit holds no request slot
     except FailslowError as exc:
         code = exc.status
         raise

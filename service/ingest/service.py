@@ -1,11 +1,12 @@
 """Accepting an envelope: apply it to the job's memory, then answer once its accounting is durable.
 
 The accounting (per-host counters, agent stream positions, new topology) of every envelope applied
-meanwhile is written in one transaction by the :class:`Committer`: while one commit runs, the
-envelopes that arrive wait for the next, so the database sees a few commits a second however
-many envelopes come. If a commit fails, what it carried goes back into the jobs (it is additive)
-and leaves with their next commit; the clients get 503 and re-send, which the stream positions
-recognise as duplicates. Either way every record is counted exactly once.
+meanwhile is written in one transaction by the :class:`Committer`: while one commit runs, and
+for at least ``ingest.commit_interval_s`` after the last, the envelopes that arrive wait for the
+next, so the database sees a few commits a second however many envelopes come. If a commit
+fails, what it carried goes back into the jobs (it is additive) and leaves with their next
+commit; the clients get 503 and re-send, which the stream positions recognise as duplicates.
+Either way every record is counted exactly once.
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ def apply(state: JobState, fn: Callable[[JobState], T]) -> T:
 class Committer:
     """Group commit of ingest accounting. Runs in the event loop; writes in a worker thread."""
 
-    def __init__(self, sessions: sessionmaker[Session]) -> None:
+    def __init__(self, sessions: sessionmaker[Session], interval_s: float = 0.0) -> None:
         self.sessions = sessions
+        self.interval_s = interval_s  # least time between two transactions
         self._waiting: list[tuple[JobState, asyncio.Future[None]]] = []
         self._wake: asyncio.Event | None = None
         self.commits = 0  # transactions written
@@ -65,9 +67,15 @@ class Committer:
         """The commit loop (a task of the app's lifespan)."""
         if self._wake is None:
             self._wake = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        last = -float("inf")
         while True:
             await self._wake.wait()
+            pause = last + self.interval_s - loop.time()
+            if pause > 0:  # gather what arrives meanwhile into this transaction
+                await asyncio.sleep(pause)
             self._wake.clear()
+            last = loop.time()
             batch, self._waiting = self._waiting, []
             if not batch:
                 continue

@@ -13,3 +13,16 @@ class IngestSettings(BaseModel):
         default=32, gt=0, description="Ingest requests processed at once; more get 429."
     )
     retry_after_s: int = Field(default=1, ge=1, description="Retry-After sent with a 429.")
+    commit_interval_s: float = Field(
+        default=0.02,
+        ge=0,
+        le=1,
+        description="Least time between two ingest transactions: envelopes arriving meanwhile "
+        "are answered together by the next one (group commit). Adds at most this much to an "
+        "answer; saves a transaction per envelope.",
+    )
+    fast_path: bool = Field(
+        default=True,
+        description="Serve POST /v2/ingest before FastAPI's routing and dependency injection "
+        "(the same handler and rules; about half the CPU per envelope).",
+    )

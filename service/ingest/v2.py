@@ -148,6 +148,12 @@ async def register_topology(
     },
 )
 async def ingest_v2(request: Request, ctx: CtxDep) -> Response:
+    # served by fastpath.V2FastPath unless ingest.fast_path is off; documented and tested here
+    return await handle_v2(request, ctx)
+
+
+async def handle_v2(request: Request, ctx: AppContext) -> Response:
+    """Accept one v2 envelope (auth already checked)."""
     started = time.perf_counter()
     m = ctx.metrics
     code = 200
@@ -178,9 +184,9 @@ async def ingest_v2(request: Request, ctx: CtxDep) -> Response:
                 raise UnknownTopology(
                     str(exc), errors=[{"loc": "header.topology", "msg": exc.digest}]
                 ) from None
-            await ctx.committer.committed(state)
         finally:
             ctx.ingest_inflight -= 1
+        await ctx.committer.committed(state)  # waiting for the commit holds no request slot
     except FailslowError as exc:
         code = exc.status
         raise

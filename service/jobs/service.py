@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Table, insert, select, update
+from sqlalchemy import Table, bindparam, insert, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -105,8 +105,59 @@ def restore(state: JobState, u: Uncommitted) -> None:
     state.topology.dirty_comms |= set(u.comms)
 
 
+def _bulk_upsert(
+    session: Session,
+    table: Table,
+    key: tuple[str, ...],
+    rows: list[dict[str, Any]],
+    *,
+    set_: tuple[str, ...] = (),
+    add: tuple[str, ...] = (),
+) -> None:
+    """Write many rows of one job at once: rows that exist get the ``set_`` columns replaced and
+    the ``add`` columns incremented (one executemany); the others are inserted whole (one
+    executemany). ``key[0]`` is the job, the same in every row. A concurrent insert by another
+    process falls back to row-by-row :func:`_upsert`."""
+    if not rows:
+        return
+    c = table.c
+    job, rest = rows[0][key[0]], key[1:]
+    existing: set[tuple[Any, ...]] = set()
+    for lo in range(0, len(rows), 500):
+        chunk = rows[lo : lo + 500]
+        col = c[rest[0]] if len(rest) == 1 else tuple_(*(c[k] for k in rest))
+        keys = [r[rest[0]] for r in chunk] if len(rest) == 1 else [
+            tuple(r[k] for k in rest) for r in chunk]  # fmt: skip
+        found = select(*(c[k] for k in rest)).where(c[key[0]] == job, col.in_(keys))
+        existing |= {tuple(f) for f in session.execute(found)}
+    old = [r for r in rows if tuple(r[k] for k in rest) in existing]
+    new = [r for r in rows if tuple(r[k] for k in rest) not in existing]
+    if old and (set_ or add):
+        stmt = (
+            update(table)
+            .where(*(c[k] == bindparam(f"k_{k}") for k in key))
+            .values({**{k: bindparam(f"v_{k}") for k in set_},
+                     **{k: c[k] + bindparam(f"v_{k}") for k in add}})
+        )  # fmt: skip
+        session.execute(
+            stmt, [{**{f"k_{k}": r[k] for k in key},
+                    **{f"v_{k}": r[k] for k in (*set_, *add)}} for r in old]  # fmt: skip
+        )
+    if new:
+        try:
+            with session.begin_nested():
+                session.execute(insert(table), new)
+        except IntegrityError:
+            for r in new:
+                values = {k: v for k, v in r.items() if k not in key}
+                upd = {k: r[k] for k in set_} | {k: c[k] + r[k] for k in add}
+                _upsert(session, table, {k: r[k] for k in key},
+                        insert_values=values, update_values=upd)  # fmt: skip
+
+
 def commit_ingest(session: Session, *, u: Uncommitted) -> None:
-    """Write what one job accumulated (job, hosts, streams, topology)."""
+    """Write what one job accumulated (job, hosts, streams, topology): a few statements whatever
+    the number of hosts."""
     jobs: Table = Job.__table__  # type: ignore[assignment]
     _upsert(
         session,
@@ -124,53 +175,47 @@ def commit_ingest(session: Session, *, u: Uncommitted) -> None:
             "watermark_ns": u.watermark_ns,
         },
     )
-    hosts: Table = Host.__table__  # type: ignore[assignment]
-    for host, d in u.deltas.items():
-        c = hosts.c
-        _upsert(
-            session,
-            hosts,
-            {"job_id": u.job, "host": host},
-            insert_values={
-                "first_seen_ns": d.first_seen_ns or d.last_seen_ns,
-                "last_seen_ns": d.last_seen_ns,
-                "envelopes": d.envelopes,
-                "records_accepted": d.accepted,
-                "records_duplicate": d.duplicates,
-                "records_rejected": d.rejected,
-            },
-            update_values={
-                "last_seen_ns": d.last_seen_ns,
-                "envelopes": c.envelopes + d.envelopes,
-                "records_accepted": c.records_accepted + d.accepted,
-                "records_duplicate": c.records_duplicate + d.duplicates,
-                "records_rejected": c.records_rejected + d.rejected,
-            },
-        )
-    streams: Table = AgentStream.__table__  # type: ignore[assignment]
-    for (host, agent), seq in u.streams.items():
-        _upsert(
-            session,
-            streams,
-            {"job_id": u.job, "host": host, "agent": agent},
-            insert_values={"last_batch_seq": seq, "updated_ns": u.watermark_ns},
-            update_values={"last_batch_seq": seq, "updated_ns": u.watermark_ns},
-        )
-    ranks: Table = Rank.__table__  # type: ignore[assignment]
-    for r, (host, gpu) in u.ranks.items():
-        values = {"host": host, "gpu": gpu}
-        _upsert(
-            session, ranks, {"job_id": u.job, "rank": r}, insert_values=values, update_values=values
-        )
-    comms: Table = Comm.__table__  # type: ignore[assignment]
-    for name, (kind, members) in u.comms.items():
-        _upsert(
-            session,
-            comms,
-            {"job_id": u.job, "comm": name},
-            insert_values={"kind": kind, "ranks": members},
-            update_values={},
-        )
+    key = ("job_id", "host")
+    _bulk_upsert(
+        session,
+        Host.__table__,  # type: ignore[arg-type]
+        key,
+        [
+            {"job_id": u.job, "host": host, "first_seen_ns": d.first_seen_ns or d.last_seen_ns,
+             "last_seen_ns": d.last_seen_ns, "envelopes": d.envelopes,
+             "records_accepted": d.accepted, "records_duplicate": d.duplicates,
+             "records_rejected": d.rejected}
+            for host, d in u.deltas.items()
+        ],  # fmt: skip
+        set_=("last_seen_ns",),
+        add=("envelopes", "records_accepted", "records_duplicate", "records_rejected"),
+    )
+    _bulk_upsert(
+        session,
+        AgentStream.__table__,  # type: ignore[arg-type]
+        ("job_id", "host", "agent"),
+        [
+            {"job_id": u.job, "host": host, "agent": agent, "last_batch_seq": seq,
+             "updated_ns": u.watermark_ns}
+            for (host, agent), seq in u.streams.items()
+        ],  # fmt: skip
+        set_=("last_batch_seq", "updated_ns"),
+    )
+    _bulk_upsert(
+        session,
+        Rank.__table__,  # type: ignore[arg-type]
+        ("job_id", "rank"),
+        [{"job_id": u.job, "rank": r, "host": host, "gpu": gpu}
+         for r, (host, gpu) in u.ranks.items()],  # fmt: skip
+        set_=("host", "gpu"),
+    )
+    _bulk_upsert(
+        session,
+        Comm.__table__,  # type: ignore[arg-type]
+        ("job_id", "comm"),
+        [{"job_id": u.job, "comm": name, "kind": kind, "ranks": members}
+         for name, (kind, members) in u.comms.items()],  # fmt: skip
+    )
 
 
 def load_job(session: Session, *, job: str, settings: StateSettings) -> JobState | None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from failslow.detectors.vocab import Op
+from failslow.service.stream import v2check
 from failslow.service.stream.parse import parse_comm, parse_rank
 from failslow.service.stream.records import (
     CommAnnouncement,
@@ -26,14 +26,13 @@ from failslow.service.stream.records import (
 )
 from failslow.service.stream.topology import Topology
 from failslow.wire.topology import digest
-from failslow.wire.v2 import NO_END, NO_PEER, OPS, Columns
+from failslow.wire.v2 import NO_PEER, Columns
 
 if TYPE_CHECKING:
     from failslow.service.stream.state import ApplyResult, JobState
 
 REGISTRATIONS_KEPT = 4  # per host: envelopes sealed before a change still resolve
 
-_P2P_CODE = np.array([op in (Op.SEND, Op.RECV) for op in OPS])
 
 
 class RegistrationError(ValueError):
@@ -145,106 +144,60 @@ class Checked:
     reasons: list[Reject]
 
 
-_REASONS = (
-    (Reject.INVALID, "rank is not one of the host's registered ranks"),
-    (Reject.UNKNOWN_COMM, "comm code is not in the host's registered topology"),
-    (Reject.WRONG_HOST, "rank now lives on another host"),
-    (Reject.NOT_MEMBER, "rank is not a member of the comm"),
-    (Reject.INVALID, "seq must be >= 0"),
-    (Reject.UNKNOWN_OP, "unknown op code"),
-    (Reject.NEGATIVE_BYTES, "negative bytes"),
-    (Reject.INVALID, "start_ns must be >= 0"),
-    (Reject.END_BEFORE_START, "end_ns before start_ns"),
-    (Reject.BAD_PEER, "peer is not the other member of the comm (send/recv) or not -1"),
-)
-
-
-def _rows(ht: HostTopology, rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(column of each rank in the host's tables, whether it is the host's)``."""
-    if not ht.ranks.size:
-        return np.zeros(rank.size, np.int64), np.zeros(rank.size, bool)
-    j = np.minimum(np.searchsorted(ht.ranks, rank), ht.ranks.size - 1)
-    return j, ht.ranks[j] == rank
-
-
 def check_columns(
-    cols: Columns, ht: HostTopology, slot_host: np.ndarray, host_index: int, seen_ns: int
+    cols: Columns,
+    ht: HostTopology,
+    slot_host: np.ndarray,
+    host_index: int,
+    seen_ns: int,
+    *,
+    jit: bool = False,
 ) -> Checked:
-    """Check every record of ``cols`` at once; the valid ones come out ready to stage."""
+    """Check every record of ``cols`` at once; the valid ones come out ready to stage. ``jit``:
+    with the compiled checks (see :mod:`v2check`)."""
     c = cols.collectives
-    rank, code = c["rank"].astype(np.int64), c["comm"].astype(np.int64)
-    j, own = _rows(ht, rank)
-    known = code < ht.comm_index.size
-    code_ok = np.where(known, code, 0)
-    slot = ht.slots[j] if ht.slots.size else np.zeros(rank.size, np.int64)
-    here = own & (slot_host[slot] == host_index) if slot_host.size else own
-    pos = ht.position[code_ok, j] if ht.position.size else np.full(rank.size, -1)
-    op = c["op"]
-    op_ok = op < len(OPS)
-    p2p = _P2P_CODE[np.where(op_ok, op, 0)]
-    peer = c["peer"].astype(np.int64)
-    other = ht.other[code_ok, j] if ht.other.size else np.full(rank.size, NO_PEER)
-    start, end = c["start_ns"], c["end_ns"]
-    failed = (
-        ~own,
-        ~known,
-        ~here,
-        pos < 0,
-        c["seq"] < 0,
-        ~op_ok,
-        c["bytes"] < 0,
-        start < 0,
-        (end != NO_END) & (end < start),
-        np.where(p2p, (other == NO_PEER) | (peer != other), peer != NO_PEER),
+    reason, code, slot, pos = v2check.reasons(
+        c, ht.ranks, ht.slots, ht.position, ht.other, slot_host, host_index, jit=jit
     )
-    bad = np.zeros(rank.size, bool)
-    for f in failed:
-        bad |= f
     rejected: list[dict[str, str]] = []
     reasons: list[Reject] = []
-    if bad.any():
-        for i in np.flatnonzero(bad).tolist():
-            code_, msg = next(r for f, r in zip(failed, _REASONS, strict=True) if f[i])
+    if reason.any():
+        for i in np.flatnonzero(reason).tolist():
+            code_, msg = v2check.RULES[int(reason[i]) - 1]
             rejected.append({"index": f"collectives[{i}]", "reason": msg})
             reasons.append(code_)
-    ok = ~bad
+        ok = reason == 0
+        code, slot, pos = code[ok], slot[ok], pos[ok]
+        c = {k: v[ok] for k, v in c.items()}
+    n = int(code.size)
     members = {
-        "comm": ht.comm_index[code_ok[ok]] if ht.comm_index.size else code_ok[ok],
-        "seq": c["seq"][ok].astype(np.int64),
-        "pos": pos[ok],
-        "slot": slot[ok],
-        "op": op[ok].astype(np.uint8),
-        "nbytes": c["bytes"][ok].astype(np.int64),
-        "start": start[ok].astype(np.int64),
-        "end": end[ok].astype(np.int64),
-        "seen": np.full(int(ok.sum()), seen_ns, np.int64),
+        "comm": ht.comm_index[code] if ht.comm_index.size else code,
+        "seq": c["seq"].astype(np.int64, copy=False),
+        "pos": pos,
+        "slot": slot,
+        "op": c["op"].astype(np.uint8, copy=False),
+        "nbytes": c["bytes"].astype(np.int64, copy=False),
+        "start": c["start_ns"].astype(np.int64, copy=False),
+        "end": c["end_ns"].astype(np.int64, copy=False),
+        "seen": np.full(n, seen_ns, np.int64),
     }
     s = cols.steps
-    sj, sown = _rows(ht, s["rank"].astype(np.int64))
-    sslot = ht.slots[sj] if ht.slots.size else np.zeros(sj.size, np.int64)
-    shere = sown & (slot_host[sslot] == host_index) if slot_host.size else sown
-    sfailed = (
-        (~sown, (Reject.INVALID, "rank is not one of the host's registered ranks")),
-        (~shere, (Reject.WRONG_HOST, "rank now lives on another host")),
-        (s["step"] < 0, (Reject.INVALID, "step must be >= 0")),
-        (s["start_ns"] < 0, (Reject.INVALID, "start_ns must be >= 0")),
-        (s["end_ns"] < s["start_ns"], (Reject.END_BEFORE_START, "end_ns before start_ns")),
-    )
-    sbad = np.zeros(sj.size, bool)
-    for f, _ in sfailed:
-        sbad |= f
-    for i in np.flatnonzero(sbad).tolist():
-        code_, msg = next(r for f, r in sfailed if f[i])
-        rejected.append({"index": f"steps[{i}]", "reason": msg})
-        reasons.append(code_)
-    sok = ~sbad
+    sreason, sslot = v2check.step_reasons(s, ht.ranks, ht.slots, slot_host, host_index, jit=jit)
+    index = np.arange(sreason.size)
+    if sreason.any():
+        for i in np.flatnonzero(sreason).tolist():
+            code_, msg = v2check.STEP_RULES[int(sreason[i]) - 1]
+            rejected.append({"index": f"steps[{i}]", "reason": msg})
+            reasons.append(code_)
+        sok = sreason == 0
+        index, sslot, s = index[sok], sslot[sok], {k: v[sok] for k, v in s.items()}
     steps = {
-        "index": np.flatnonzero(sok),
-        "slot": sslot[sok],
-        "rank": s["rank"][sok].astype(np.int64),
-        "step": s["step"][sok].astype(np.int64),
-        "start": s["start_ns"][sok].astype(np.int64),
-        "end": s["end_ns"][sok].astype(np.int64),
+        "index": index,
+        "slot": sslot,
+        "rank": s["rank"].astype(np.int64, copy=False),
+        "step": s["step"].astype(np.int64, copy=False),
+        "start": s["start_ns"].astype(np.int64, copy=False),
+        "end": s["end_ns"].astype(np.int64, copy=False),
     }
     return Checked(members, steps, rejected, reasons)
 
@@ -293,8 +246,9 @@ def apply_v2(state: JobState, header: dict[str, Any], cols: Columns) -> ApplyRes
         return result
     topo = state.topology
     checked = check_columns(
-        cols, ht, topo.slot_host, topo.host_ids.get(host, -1), state.watermark_ns
-    )
+        cols, ht, topo.slot_host, topo.host_ids.get(host, -1), state.watermark_ns,
+        jit=state.frames.jit,
+    )  # fmt: skip
     result.rejected, result.reasons = checked.rejected, checked.reasons
     state.stage(checked.members)
     result.count(RecordKind.COLLECTIVE, int(checked.members["comm"].size))

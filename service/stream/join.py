@@ -101,6 +101,7 @@ class Joiner:
         self.conflicts = 0  # member records that contradicted an earlier one (dropped)
         self.duplicates = 0  # member records identical to an earlier one (dropped)
         self.last_end = np.zeros(0, np.int64)  # per slot: end of its newest completed call
+        self.n_slots = 0  # slots the job had at the newest staging
         self.arrivals = 0  # member records staged so far
 
     # -- input ---------------------------------------------------------------------------------
@@ -114,12 +115,7 @@ class Joiner:
         self.arrivals += n
         self.staged.append(cols)
         self.staged_records += n
-        if self.last_end.size < n_slots:
-            self.last_end = np.concatenate(
-                [self.last_end, np.zeros(n_slots - self.last_end.size, np.int64)]
-            )
-        done = cols["end"] != NO_END
-        np.maximum.at(self.last_end, cols["slot"][done], cols["end"][done])
+        self.n_slots = max(self.n_slots, n_slots)
 
     # -- the join ------------------------------------------------------------------------------
     def join(self, comm_size: np.ndarray, comm_kind: np.ndarray) -> list[ReadyBatch]:
@@ -127,8 +123,10 @@ class Joiner:
         if not self.staged:
             return []
         parts = [self.pending, *self.staged]
+        staged = self.staged_records
         self.staged, self.staged_records = [], 0
         cols = {c: np.concatenate([p[c] for p in parts]) for c in COLUMNS}
+        self._note_ends(cols["slot"][-staged:], cols["end"][-staged:])
         key = (cols["comm"] << SEQ_BITS) | (cols["seq"] & SEQ_MASK)
         order = np.argsort(key, kind="stable")  # arrival order kept within a collective
         cols = _take(cols, order)
@@ -177,6 +175,15 @@ class Joiner:
         if self.pending_groups > self.max_pending:
             self._drop_oldest(self.pending_groups - self.max_pending)
         return out
+
+    def _note_ends(self, slot: np.ndarray, end: np.ndarray) -> None:
+        """``last_end``: per slot, the end of its newest completed call among new records."""
+        if self.last_end.size < self.n_slots:
+            grown = np.zeros(self.n_slots, np.int64)
+            grown[: self.last_end.size] = self.last_end
+            self.last_end = grown
+        done = end != NO_END
+        np.maximum.at(self.last_end, slot[done], end[done])
 
     def _winners(
         self, cell: np.ndarray, rec: np.ndarray, cols: dict[str, np.ndarray], cells: int
@@ -268,8 +275,10 @@ class Joiner:
         if not self.staged:
             return
         parts = [self.pending, *self.staged]
+        staged = self.staged_records
         self.staged, self.staged_records = [], 0
         cols = {c: np.concatenate([p[c] for p in parts]) for c in COLUMNS}
+        self._note_ends(cols["slot"][-staged:], cols["end"][-staged:])
         key = (cols["comm"] << SEQ_BITS) | (cols["seq"] & SEQ_MASK)
         order = np.argsort(key, kind="stable")
         self.pending = _take(cols, order)
@@ -285,10 +294,13 @@ class Joiner:
         inside = self.pending["end"] == NO_END
         return int(np.count_nonzero(np.logical_or.reduceat(inside, first)))
 
-    def groups(self, *, started_before_ns: int | None = None) -> list[PendingGroup]:
+    def groups(
+        self, *, started_before_ns: int | None = None, limit: int | None = None
+    ) -> list[PendingGroup]:
         """Pending collectives in order of arrival. With ``started_before_ns``: those arriving
         before the first whose first member started after it and, when there are any, every
-        later one that a member is inside (whoever waits there waits for someone else)."""
+        later one that a member is inside (whoever waits there waits for someone else). At most
+        ``limit`` (the first in that order)."""
         if not self.pending_groups:
             return []
         p = self.pending
@@ -305,6 +317,8 @@ class Joiner:
             inside = np.logical_or.reduceat(p["end"] == NO_END, first)
             later = order[cut:]
             order = np.r_[order[:cut], later[inside[later]]]
+        if limit is not None:
+            order = order[:limit]
         out = []
         for g in order.tolist():
             a, b = bounds[g], bounds[g + 1]

@@ -31,7 +31,7 @@ def enabled() -> bool:
     return AVAILABLE and os.environ.get("FAILSLOW_JIT", "1") != "0"
 
 
-def _jit(fn: Any) -> Any:
+def jit(fn: Any) -> Any:
     if numba is None:
         return fn
     try:  # compiled once per machine, then loaded from numba's cache
@@ -43,7 +43,7 @@ def _jit(fn: Any) -> Any:
 SMALL = 32  # rows up to this many members are ranked by comparisons; numpy sorts longer ones
 
 
-@_jit
+@jit
 def lateness_rows(starts, ends, dur, late, fastest):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN201
     """Per row (collective) of ``starts``/``ends`` (k, m) int64 ns, ``m <= SMALL``: each member's
     duration in seconds into ``dur``, its lateness (how far the median of the other members'
@@ -95,7 +95,7 @@ def lateness_rows(starts, ends, dur, late, fastest):  # type: ignore[no-untyped-
             late[i, j] = v if v > 0.0 else 0.0
 
 
-@_jit
+@jit
 def place_rows(  # type: ignore[no-untyped-def]  # noqa: ANN201
     table,  # noqa: ANN001 - (comms of this size, m) member slots (Topology.member_slots)
     row_of,  # noqa: ANN001 - (n_comms,) row of each comm in ``table``

@@ -13,6 +13,7 @@ from failslow.wire.v2 import NO_END
 
 ROLE_KINDS = ("tp", "dp", "ep", "cp")  # comms whose members do equal work
 CROSS_KINDS = ("dp", "ep", "cp")  # ... and whose members are usually on different hosts
+MAX_BLOCKED = 2048  # blocked collectives handed to the hang detector per pass
 
 
 def job_shape(topo: Topology) -> JobShape:
@@ -88,11 +89,13 @@ def blocked_collectives(
     """Incomplete collectives whose first member entered before ``older_than_ns`` and, when
     there are any, every younger one that a member is inside: ranks waiting there wait for
     someone else, and the hang detector follows them to whoever that is (scanned in arrival
-    order, see :meth:`Joiner.groups`)."""
+    order, see :meth:`Joiner.groups`), at most :data:`MAX_BLOCKED` of them: when ingest lags,
+    thousands of collectives of a large job are incomplete at once, and the oldest are where a
+    hang's wait chains start."""
     out: list[BlockedCollective] = []
     comms = state.topology.comm_list
     newest = state.frames.newest_end
-    for g in state.joiner.groups(started_before_ns=older_than_ns):
+    for g in state.joiner.groups(started_before_ns=older_than_ns, limit=MAX_BLOCKED):
         comm = comms[g.comm]
         n = len(comm.ranks)
         starts: list[int | None] = [None] * n
@@ -101,7 +104,8 @@ def blocked_collectives(
             starts[p] = s
             ends[p] = None if e == NO_END else e
         t = float(typical[g.comm]) if g.comm < typical.size else float("nan")
-        progress = int(max((newest[s] for s in comm.slots if s < newest.size), default=0))
+        slots = comm.slots[comm.slots < newest.size]
+        progress = int(newest[slots].max()) if slots.size else 0
         out.append(
             BlockedCollective(
                 comm.comm, g.seq, comm.ranks, tuple(starts), tuple(ends), t, g.seen_ns, progress

@@ -188,10 +188,11 @@ class JobState:
         self, slot: np.ndarray, step: np.ndarray, start: np.ndarray, end: np.ndarray
     ) -> tuple[np.ndarray, list[tuple[int, RecordError]]]:
         """Many step records at once (see :meth:`FrameBuilder.add_steps`)."""
-        self._guard_ring(slot)
-        return self.frames.add_steps(slot, step, start, end, self.topology.n_slots)
+        distinct = len(set(slot.tolist())) == slot.size
+        self._guard_ring(slot, distinct)
+        return self.frames.add_steps(slot, step, start, end, self.topology.n_slots, distinct)
 
-    def _guard_ring(self, slots: np.ndarray) -> None:
+    def _guard_ring(self, slots: np.ndarray, distinct: bool = False) -> None:
         n = self.topology.n_slots
         if self.steps_since_join.size < n:
             self.steps_since_join = np.concatenate(
@@ -199,7 +200,12 @@ class JobState:
             )
         if not slots.size:
             return
-        per_slot = np.unique(slots, return_counts=True)[1].max() if slots.size > 1 else 1
+        if distinct or slots.size == 1:
+            if int(self.steps_since_join[slots].max()) + 1 > JOIN_EVERY_STEPS:
+                self.drain_ready()
+            self.steps_since_join[slots] += 1
+            return
+        per_slot = np.unique(slots, return_counts=True)[1].max()
         if int(self.steps_since_join[slots].max()) + int(per_slot) > JOIN_EVERY_STEPS:
             self.drain_ready()
         np.add.at(self.steps_since_join, slots, 1)

@@ -11,6 +11,8 @@ frames.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from failslow.detectors.lateness import collective_stats
@@ -98,19 +100,23 @@ class FrameBuilder(Placement):
         start: np.ndarray,
         end: np.ndarray,
         n_slots: int,
+        distinct: bool | None = None,
     ) -> tuple[np.ndarray, list[tuple[int, RecordError]]]:
         """Many step records at once: ``(fresh, errors)`` — which were new (the others were
         re-sends), and the index and error of each conflicting one. The same as
         :meth:`add_step` record by record; whole arrays when every slot appears once and no
-        record is already known (the usual envelope), record by record otherwise."""
+        record is already known (the usual envelope), record by record otherwise. ``distinct``:
+        whether the caller already knows that every slot appears once."""
         n = int(slot.size)
         fresh = np.zeros(n, dtype=bool)
         errors: list[tuple[int, RecordError]] = []
         if not n:
             return fresh, errors
         self.ensure(n_slots)
+        if distinct is None:
+            distinct = len(set(slot.tolist())) == n
         known = (self.step_id[slot] == step[:, None]).any(axis=1)
-        if known.any() or np.unique(slot).size != n or self.time_mode:
+        if not distinct or self.time_mode or known.any():
             for i in range(n):
                 rec = StepRecord(0, int(step[i]), int(start[i]), int(end[i]))
                 try:
@@ -136,8 +142,12 @@ class FrameBuilder(Placement):
             self.first_record_ns = int(start[0])
         late = step <= self.last_closed
         self.late_steps += int(late.sum())
-        for s in np.unique(step[~late]).tolist():
-            mine = step == s
+        s0 = int(step[0])
+        if not late.any() and (step == s0).all():  # the usual envelope: one step
+            groups: list[tuple[int, Any]] = [(s0, slice(None))]
+        else:
+            groups = [(s, step == s) for s in np.unique(step[~late]).tolist()]
+        for s, mine in groups:
             sl, st, en = slot[mine], start[mine], end[mine]
             acc = self.frames.get(s)
             if acc is None:

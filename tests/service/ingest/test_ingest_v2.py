@@ -11,10 +11,20 @@ from fastapi.testclient import TestClient
 
 from failslow.harness.simulator import Fault, Layout, Scenario
 from failslow.harness.v2 import V2Converter
+from failslow.service.app import create_app
+from failslow.service.auth import hash_token
+from failslow.service.settings import Settings
 from failslow.wire import topology, v2
 from tests.helpers import MS, T0, two_hosts
 
 HEADERS = {"Content-Type": v2.MEDIA_TYPE}
+
+
+@pytest.fixture(params=["fast_path", "fastapi_route"])
+def settings(settings: Settings, request: pytest.FixtureRequest) -> Settings:
+    """Every test here runs through the ASGI fast path and through the FastAPI route."""
+    ingest = settings.ingest.model_copy(update={"fast_path": request.param == "fast_path"})
+    return settings.model_copy(update={"ingest": ingest})
 
 
 def register(client: TestClient, host: str, ranks: list[Any], comms: list[Any], job: str = "j"):  # type: ignore[no-untyped-def]
@@ -138,3 +148,19 @@ def test_v2_finds_what_v1_finds(client: TestClient) -> None:
             assert r.status_code == 200 and not r.json()["rejected"], r.text
     v1, v2_ = _incidents(client, "via-v1"), _incidents(client, "via-v2")
     assert v1 == v2_ and [i[:2] for i in v1] == [("slow_gpu", (5,))]
+
+
+def test_the_fast_path_answers_auth_and_errors_like_the_route(
+    settings: Settings, tmp_path: Any
+) -> None:
+    auth = settings.auth.model_copy(update={"ingest_tokens": [hash_token("in")]})
+    with TestClient(create_app(settings.model_copy(update={"auth": auth}))) as c:
+        r = c.post("/v2/ingest", content=b"FSL2", headers=HEADERS)
+        assert r.status_code == 401 and r.headers["content-type"] == "application/problem+json"
+        assert r.json()["instance"] == "/v2/ingest"
+        good = {**HEADERS, "Authorization": "Bearer in"}
+        r = c.post("/v2/ingest", content=b"nope", headers=good)
+        assert r.status_code == 400 and r.json()["type"].endswith("/invalid-envelope")
+        r = c.post("/v2/ingest", content=b"x", headers={**good, "Content-Type": "text/plain"})
+        assert r.status_code == 415
+        assert c.get("/v2/ingest").status_code == 405  # other methods reach the router
