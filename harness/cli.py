@@ -69,9 +69,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     from failslow.harness.demo import register as register_demo
     from failslow.harness.lab.cli import register as register_lab
+    from failslow.harness.load.e2e import register as register_e2e
 
     register_demo(sub)
     register_lab(sub)
+    bench = sub.add_parser("bench", help="benchmarks that need no source checkout")
+    register_e2e(bench.add_subparsers(dest="bench", required=True))
     p = sub.add_parser(
         "simulate", help="simulate a TP x PP x DP job; write v1 envelopes (JSONL) + labels"
     )

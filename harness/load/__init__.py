@@ -1,0 +1,1 @@
+"""Load generation for end-to-end benchmarks."""

@@ -1,0 +1,289 @@
+"""``failslow bench e2e``: a large job's v2 telemetry, at real-time pace, through real HTTP into a
+service, and how far behind detection stays.
+
+Simulated node agents (one per host of 8 ranks) register their topology once, then each sends
+one envelope per step shortly after the step ends (spread over the first half of the next step,
+as agents' flush timers are), built from a per-host template (harness/load/job.py). The service
+is started here (``--service`` to use another one, e.g. a replica set behind a load balancer). A
+poller reads the newest analysed step to time each frame's detection; with ``--fault slow_gpu``
+one GPU becomes 1.5x slower at its tensor-parallel all-reduces from step K/2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gzip
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from failslow.harness.load.client import Connection, HttpError
+from failslow.harness.load.job import HostTemplate, JobLayout, host_name
+from failslow.wire import topology, v2
+
+JOB = "e2e"
+V2_HEADERS = {"Content-Type": v2.MEDIA_TYPE}
+
+
+@dataclass
+class Run:
+    args: argparse.Namespace
+    job: JobLayout
+    hosts: list[HostTemplate]
+    url: str
+    t0_ns: int = 0
+    records: int = 0
+    envelopes: int = 0
+    errors: list[str] = field(default_factory=list)
+    polls: list[tuple[float, int | None]] = field(default_factory=list)  # (wall s, step)
+    incidents: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _proc_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _proc_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def start_service(work: Path, job: JobLayout, port: int) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "FAILSLOW_DATABASE_URL": f"sqlite:///{work}/failslow.db",
+        "FAILSLOW_ACTIONS__ENABLED": "false",
+        "PYTHONUNBUFFERED": "1",
+    }
+    log = open(work / "service.log", "wb")  # noqa: SIM115 - closed with the process
+    return subprocess.Popen(
+        [sys.executable, "-m", "failslow.cli", "serve", "--port", str(port),
+         "--log-level", "warning"],
+        stdout=log, stderr=subprocess.STDOUT, env=env,
+    )  # fmt: skip
+
+
+async def _wait_ready(url: str, timeout_s: float = 60.0) -> None:
+    conn = Connection(url)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            status, _ = await conn.request("GET", "/readyz")
+            if status == 200:
+                await conn.close()
+                return
+        except (OSError, HttpError):
+            await conn.close()
+        await asyncio.sleep(0.2)
+    raise RuntimeError(f"the service at {url} is not ready after {timeout_s:.0f} s")
+
+
+async def _register(run: Run, conns: list[Connection]) -> None:
+    async def worker(i: int) -> None:
+        for h in range(i, len(run.hosts), len(conns)):
+            body = orjson.dumps({"sent_ns": time.time_ns(), **run.hosts[h].registration})
+            path = f"/v2/jobs/{JOB}/topology/{host_name(h)}"
+            json_type = {"Content-Type": "application/json"}
+            status, answer = await conns[i].request("PUT", path, body, json_type)
+            if status != 200:
+                raise RuntimeError(f"registering {host_name(h)}: {status} {answer[:300]!r}")
+
+    await asyncio.gather(*(worker(i) for i in range(len(conns))))
+
+
+def _header(run: Run, h: int, step: int, digest: str) -> dict[str, Any]:
+    return {"job": JOB, "host": host_name(h), "sent_ns": time.time_ns(),
+            "agent": f"{host_name(h)}-e2e", "batch_seq": step, "topology": digest}  # fmt: skip
+
+
+async def _send(run: Run, conns: list[Connection], digests: list[str]) -> None:
+    S = run.job.step_ns / 1e9
+    spread = min(0.5 * S, 0.5)
+    n = len(run.hosts)
+
+    async def worker(i: int) -> None:
+        mine = list(range(i, n, len(conns)))
+        for step in range(run.args.steps):
+            for h in mine:
+                due = run.t0_ns / 1e9 + (step + 1) * S + spread * h / n
+                delay = due - time.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                body = run.hosts[h].body(step, run.t0_ns, _header(run, h, step, digests[h]))
+                headers = V2_HEADERS
+                if run.args.gzip:
+                    body = gzip.compress(body, compresslevel=1)
+                    headers = {**V2_HEADERS, "Content-Encoding": "gzip"}
+                status, answer = await conns[i].request("POST", "/v2/ingest", body, headers)
+                if status != 200:
+                    run.errors.append(f"{host_name(h)} step {step}: {status} {answer[:200]!r}")
+                    continue
+                run.envelopes += 1
+                run.records += run.hosts[h].records
+
+    await asyncio.gather(*(worker(i) for i in range(len(conns))))
+
+
+async def _poll(run: Run, stop: asyncio.Event) -> None:
+    conn = Connection(run.url, run.args.token)
+    while not stop.is_set():
+        with contextlib.suppress(OSError, HttpError, ValueError):
+            status, body = await conn.request("GET", "/v1/jobs")  # what a dashboard polls
+            if status == 200:
+                mine = [j for j in orjson.loads(body) if j.get("job") == JOB]
+                run.polls.append((time.time(), mine[0].get("step") if mine else None))
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), min(0.25, run.job.step_ns / 4e9))
+    status, body = await conn.request("GET", f"/v1/jobs/{JOB}/incidents")
+    run.incidents = orjson.loads(body) if status == 200 else []
+    await conn.close()
+
+
+def _span(items: list[Any]) -> str:
+    """A short form of a long list: its size, first and last."""
+    if len(items) <= 4:
+        return str(items)
+    return f"[{items[0]}, {items[1]}, ... {items[-1]}] ({len(items)})"
+
+
+def _lags(run: Run) -> list[float]:
+    """Per frame: event-time steps from its end to the first poll that saw it analysed."""
+    S = run.job.step_ns / 1e9
+    seen: dict[int, float] = {}
+    for wall, step in run.polls:
+        if step is not None:
+            for k in range(max(seen, default=-1) + 1, step + 1):
+                seen[k] = wall
+    warm = 3
+    return [max(0.0, (w - (run.t0_ns / 1e9 + (k + 1) * S)) / S)
+            for k, w in seen.items() if k >= warm]  # fmt: skip
+
+
+async def _main(run: Run, service_pid: int | None) -> dict[str, Any]:
+    await _wait_ready(run.url)
+    conns = [await Connection(run.url, run.args.token).open()
+             for _ in range(max(1, min(run.args.connections, len(run.hosts))))]  # fmt: skip
+    print(f"registering {len(run.hosts)} hosts ...", file=sys.stderr, flush=True)
+    t = time.monotonic()
+    await _register(run, conns)
+    print(f"registered in {time.monotonic() - t:.1f} s", file=sys.stderr, flush=True)
+    digests = [topology.digest(h.registration["ranks"], h.registration["comms"]) for h in run.hosts]
+    cpu0 = _proc_cpu_s(service_pid) if service_pid else None
+    own0 = time.process_time()
+    run.t0_ns = time.time_ns() + 1_000_000_000
+    stop = asyncio.Event()
+    poller = asyncio.create_task(_poll(run, stop))
+    started = time.monotonic()
+    await _send(run, conns, digests)
+    sending_s = time.monotonic() - started
+    await asyncio.sleep(2.5 * run.job.step_ns / 1e9 + 1.0)  # the last frames close
+    cpu = _proc_cpu_s(service_pid) - cpu0 if service_pid and cpu0 is not None else None
+    own = time.process_time() - own0
+    stop.set()
+    await poller
+    for c in conns:
+        await c.close()
+    lags = _lags(run)
+    out: dict[str, Any] = {
+        "ranks": run.job.ranks,
+        "hosts": len(run.hosts),
+        "step_time_s": run.job.step_ns / 1e9,
+        "steps": run.args.steps,
+        "records": run.records,
+        "envelopes": run.envelopes,
+        "seconds": round(sending_s, 2),
+        "records_per_s": round(run.records / sending_s),
+        "lag_steps_p50": round(statistics.median(lags), 2) if lags else None,
+        "lag_steps_max": round(max(lags), 2) if lags else None,
+        "frames_timed": len(lags),
+        "client_cpu_s": round(own, 2),  # this generator's own CPU (it shares the machine)
+        "errors": len(run.errors),
+        "first_errors": run.errors[:5],
+    }
+    if cpu is not None:
+        out["service_cpu_s"] = round(cpu, 2)
+        out["service_cpu_us_per_record"] = round(cpu / max(run.records, 1) * 1e6, 3)
+        out["rss_mib"] = round(_proc_rss_mib(service_pid), 1)  # type: ignore[arg-type]
+        out["rss_kib_per_rank"] = round(out["rss_mib"] * 1024 / run.job.ranks, 2)
+    if run.job.slow is not None:
+        hits = [i for i in run.incidents
+                if i["kind"] == "slow_gpu" and i["ranks"] == [run.job.slow]]  # fmt: skip
+        out["found"] = bool(hits)
+        out["delay_steps"] = (
+            hits[0]["detected_step"] - run.job.fault_step
+            if hits and hits[0]["detected_step"] is not None
+            else None
+        )
+    out["other_incidents"] = [
+        f"{i['kind']} ranks {_span(i['ranks'])} hosts {_span(i['hosts'])}" for i in run.incidents
+        if not (i["kind"] == "slow_gpu" and i["ranks"] == [run.job.slow])
+    ]  # fmt: skip
+    return out
+
+
+def main(args: argparse.Namespace) -> int:
+    slow = args.ranks // 3 if args.fault == "slow_gpu" else None
+    job = JobLayout(args.ranks, int(args.step_time * 1e9), slow=slow,
+                    fault_step=args.steps // 2 if slow is not None else None,
+                    late_ns=int(args.step_time * 1e9 * 0.025))  # fmt: skip
+    print(f"building {job.hosts} host templates ...", file=sys.stderr, flush=True)
+    hosts = [HostTemplate(job, h) for h in range(job.hosts)]
+    proc = None
+    with tempfile.TemporaryDirectory(prefix="failslow-e2e-") as tmp:
+        url = args.service
+        if url is None:
+            port = _free_port()
+            url = f"http://127.0.0.1:{port}"
+            proc = start_service(Path(tmp), job, port)
+        run = Run(args, job, hosts, url.rstrip("/"))
+        try:
+            out = asyncio.run(_main(run, proc.pid if proc else None))
+        finally:
+            if proc is not None:
+                proc.terminate()
+                proc.wait(timeout=30)
+    text = json.dumps(out, indent=2)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    return 0 if not out["errors"] and out.get("found", True) else 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "e2e", help="a large job's v2 telemetry in real time through HTTP; detection lag"
+    )
+    p.add_argument("--ranks", type=int, default=1024, help="a multiple of 32 (TP8 x PP4)")
+    p.add_argument("--step-time", type=float, default=1.0, help="seconds per training step")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--fault", choices=["slow_gpu"], help="a GPU 1.5x slower from step K/2")
+    p.add_argument("--service", help="use this service instead of starting one")
+    p.add_argument("--token", help="bearer token for --service (ingest and read)")
+    p.add_argument(
+        "--connections", type=int, default=256,
+        help="HTTP connections (at most one per host; each waits for its answer, as an agent does)",
+    )  # fmt: skip
+    p.add_argument("--no-gzip", dest="gzip", action="store_false", help="send bodies raw")
+    p.add_argument("--json", help="write the result here")
+    p.set_defaults(func=main)
