@@ -69,14 +69,13 @@ def _proc_rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def start_service(work: Path, job: JobLayout, port: int) -> subprocess.Popen[bytes]:
+def start_service(work: Path, port: int, log: Any) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         "FAILSLOW_DATABASE_URL": f"sqlite:///{work}/failslow.db",
         "FAILSLOW_ACTIONS__ENABLED": "false",
         "PYTHONUNBUFFERED": "1",
     }
-    log = open(work / "service.log", "wb")  # noqa: SIM115 - closed with the process
     return subprocess.Popen(
         [sys.executable, "-m", "failslow.cli", "serve", "--port", str(port),
          "--log-level", "warning"],
@@ -250,15 +249,21 @@ def main(args: argparse.Namespace) -> int:
     print(f"building {job.hosts} host templates ...", file=sys.stderr, flush=True)
     hosts = [HostTemplate(job, h) for h in range(job.hosts)]
     proc = None
-    with tempfile.TemporaryDirectory(prefix="failslow-e2e-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="failslow-e2e-") as tmp, \
+            open(Path(tmp) / "service.log", "wb") as log:  # fmt: skip
         url = args.service
         if url is None:
             port = _free_port()
             url = f"http://127.0.0.1:{port}"
-            proc = start_service(Path(tmp), job, port)
+            proc = start_service(Path(tmp), port, log)
         run = Run(args, job, hosts, url.rstrip("/"))
         try:
             out = asyncio.run(_main(run, proc.pid if proc else None))
+        except Exception:
+            if proc is not None:  # what the service said is the first thing to read
+                tail = (Path(tmp) / "service.log").read_bytes()[-4000:].decode(errors="replace")
+                print(f"--- service log (last 4 KB) ---\n{tail}", file=sys.stderr)
+            raise
         finally:
             if proc is not None:
                 proc.terminate()

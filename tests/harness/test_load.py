@@ -1,0 +1,56 @@
+"""The load generator of ``failslow bench e2e``: its per-host templates make whole collectives
+(every member of every (comm, seq) once, accepted by the v2 rules), and a small run through a
+real service process answers every envelope and times detection."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from failslow.harness.load import e2e
+from failslow.harness.load.job import HostTemplate, JobLayout, host_name
+from failslow.service.stream import columnar
+from failslow.service.stream.settings import StateSettings
+from failslow.service.stream.state import JobState
+from failslow.wire import topology, v2
+
+T0 = 1_780_000_000_000_000_000
+
+
+def test_templates_join_into_complete_collectives() -> None:
+    job = JobLayout(64, 1_000_000_000, slow=21, fault_step=1)
+    hosts = [HostTemplate(job, h) for h in range(job.hosts)]
+    state = JobState("j", StateSettings())
+    for h, t in enumerate(hosts):
+        state.topology.touch_host(host_name(h), 0, 0.0)
+        columnar.register_topology(state, host_name(h), t.registration["ranks"],
+                                   t.registration["comms"])  # fmt: skip
+    digests = [topology.digest(t.registration["ranks"], t.registration["comms"]) for t in hosts]
+    total = 0
+    for step in range(2):
+        for h, t in enumerate(hosts):
+            header = {"job": "j", "host": host_name(h), "sent_ns": T0 + (step + 1) * job.step_ns,
+                      "agent": "a", "batch_seq": step, "topology": digests[h]}  # fmt: skip
+            head, cols = v2.decode(t.body(step, T0, header))
+            assert cols.n_collectives + cols.n_steps == t.records
+            result = columnar.apply_v2(state, head, cols)
+            assert result.rejected == [] and result.accepted == t.records
+            total += t.records
+    state.drain_ready()
+    assert state.joiner.pending_groups == 0  # every member of every collective came
+    assert state.joiner.conflicts == 0 and state.joiner.duplicates == 0
+    assert 26 <= total / (2 * job.ranks) <= 34  # about 30 records per rank and step
+
+
+def test_a_small_run_through_a_real_service(tmp_path: Path) -> None:
+    args = argparse.Namespace(ranks=64, step_time=0.3, steps=8, fault=None, service=None,
+                              token=None, connections=4, gzip=True,
+                              json=str(tmp_path / "out.json"))  # fmt: skip
+    assert e2e.main(args) == 0
+    out = json.loads((tmp_path / "out.json").read_text())
+    per_step = sum(HostTemplate(JobLayout(64, 300_000_000), h).records for h in range(8))
+    assert out["errors"] == 0 and out["records"] == 8 * per_step
+    assert out["envelopes"] == 8 * 8 and out["frames_timed"] >= 3
+    assert out["service_cpu_s"] > 0 and out["rss_mib"] > 0
+    assert out["lag_steps_max"] is not None and out["other_incidents"] == []
