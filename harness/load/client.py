@@ -29,6 +29,18 @@ class Connection:
     async def request(
         self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
     ) -> tuple[int, bytes]:
+        """One request; when the server had closed the idle connection (uvicorn does after its
+        keep-alive timeout, 5 s), once more on a new one — as an agent's HTTP client does. Safe
+        for ingest: a re-sent batch is recognised by its batch_seq."""
+        try:
+            return await self._request(method, path, body, headers)
+        except (HttpError, ConnectionError):
+            await self.close()
+            return await self._request(method, path, body, headers)
+
+    async def _request(
+        self, method: str, path: str, body: bytes, headers: dict[str, str] | None
+    ) -> tuple[int, bytes]:
         if self.writer is None or self.reader is None:
             await self.open()
         assert self.writer is not None and self.reader is not None

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from failslow.detectors.vocab import Op
-from failslow.wire import v2
+from failslow.wire import topology, v2
 
 TP, PP, GPUS = 8, 4, 8
 TP_CALLS, PP_CALLS = 16, 8
@@ -87,10 +87,10 @@ class HostTemplate:
                 comms.append({"comm": f"pp-{p - 1}-{d}-{t}", "kind": "pp",
                               "ranks": [job.rank(p - 1, d, t), own[t]]})  # fmt: skip
         self.ranks = own
-        self.registration = {
-            "ranks": [{"rank": r, "gpu": i, "world_size": job.ranks} for i, r in enumerate(own)],
-            "comms": comms,
-        }
+        # what an agent registers: the canonical form (long progressions written as ranges)
+        self.registration = topology.canonical(
+            [{"rank": r, "gpu": i, "world_size": job.ranks} for i, r in enumerate(own)], comms
+        )
         self.healthy = self._template(pairs, faulty=False)
         affected = job.slow is not None and job.fault_step is not None
         self.faulty = self._template(pairs, faulty=True) if affected else self.healthy
@@ -126,7 +126,7 @@ class HostTemplate:
             seq_step.append(1)
         # pipeline: 8 send/recv per pair; a receiver waits for its sender
         for code, r, sending in pairs:
-            peer = self.registration["comms"][code]["ranks"][1 if sending else 0]
+            peer = self.registration["comms"][code]["ranks"][1 if sending else 0]  # a pair: a list
             for k in range(PP_CALLS):
                 sent = int(S * (0.1 + 0.7 * k / PP_CALLS))
                 end = sent + 300_000

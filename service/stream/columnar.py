@@ -92,7 +92,8 @@ def check_registration(
         errors.append(
             {"loc": "comms", "msg": f"job exceeds {topo.max_comm_members} communicator members"}
         )
-    members = {r for c in comms for r in c.ranks} | {r.rank for r in ranks}
+    # members of known comms are ranks of the job already: only new comms can add ranks
+    members = {r for c in new for r in c.ranks} | {r.rank for r in ranks}
     if len(topo.ranks) + sum(1 for r in members if r not in topo.ranks) > topo.max_ranks:
         errors.append({"loc": "ranks", "msg": f"job exceeds {topo.max_ranks} ranks"})
     if errors:
@@ -218,10 +219,7 @@ def register_topology(
     declared = [r.get("world_size") for r in ranks_raw if isinstance(r, dict)]
     state.scale_limits(max((w for w in declared if isinstance(w, int)), default=None))
     ranks, comms = check_registration(state.topology, ranks_raw, comms_raw)
-    key = digest(
-        [{"rank": r.rank, "gpu": r.gpu, "world_size": r.world_size} for r in ranks],
-        [{"comm": c.comm, "kind": c.kind, "ranks": list(c.ranks)} for c in comms],
-    )
+    key = digest(ranks_raw, comms_raw)  # of the form the host sent (checked above)
     kept = state.registrations.setdefault(host, OrderedDict())
     ht = kept.get(key)
     if ht is None:

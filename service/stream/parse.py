@@ -19,6 +19,7 @@ from failslow.service.stream.records import (
     StepRecord,
 )
 from failslow.wire.ops import normalise_op
+from failslow.wire.topology import BadMembers, members
 
 INT64_MAX = 2**63 - 1
 _COMM_KINDS = {k.value: k for k in CommKind}
@@ -149,13 +150,10 @@ def parse_comm(raw: Any) -> CommAnnouncement:
     kind = _COMM_KINDS.get(kind_raw) if isinstance(kind_raw, str) else None
     if kind is None:
         raise RecordError(Reject.INVALID, f"kind must be one of {sorted(_COMM_KINDS)}")
-    ranks = rec.get("ranks")
-    if not isinstance(ranks, list) or not ranks:
-        raise RecordError(Reject.INVALID, "ranks must be a non-empty list")
-    if not all(is_int(r) and r >= 0 for r in ranks):
-        raise RecordError(Reject.INVALID, "ranks must be non-negative integers")
-    if len(set(ranks)) != len(ranks):
-        raise RecordError(Reject.INVALID, "ranks must be distinct")
+    try:  # a list, or a range {start, stop, step} (wire/topology.py)
+        ranks = members(rec.get("ranks"))
+    except BadMembers as exc:
+        raise RecordError(Reject.INVALID, str(exc)) from None
     if kind == CommKind.P2P and len(ranks) != 2:
         raise RecordError(Reject.INVALID, "a p2p comm has exactly two ranks")
-    return CommAnnouncement(comm, kind, tuple(ranks))
+    return CommAnnouncement(comm, kind, ranks)

@@ -164,3 +164,19 @@ def test_the_fast_path_answers_auth_and_errors_like_the_route(
         r = c.post("/v2/ingest", content=b"x", headers={**good, "Content-Type": "text/plain"})
         assert r.status_code == 415
         assert c.get("/v2/ingest").status_code == 405  # other methods reach the router
+
+
+def test_a_comm_may_be_registered_as_a_range(client: TestClient) -> None:
+    ranks = [{"rank": r, "gpu": r, "world_size": 8} for r in range(4)]
+    world = {"comm": "w", "kind": "world", "ranks": {"start": 0, "stop": 8}}
+    r = register(client, "h0", ranks, [world])
+    assert r.status_code == 200, r.text
+    as_list = {**world, "ranks": list(range(8))}
+    assert r.json()["digest"] == topology.digest(ranks, [as_list])
+    again = register(client, "h1", [{"rank": 4, "gpu": 0}], [as_list])  # the same comm, as a list
+    assert again.status_code == 200
+    clash = register(client, "h1", [{"rank": 4, "gpu": 0}],
+                     [{**world, "ranks": {"start": 0, "stop": 8, "step": 2}}])  # fmt: skip
+    assert clash.status_code == 422 and "conflicting" in clash.text
+    bad = register(client, "h2", [], [{**world, "comm": "x", "ranks": {"start": 0, "stop": -1}}])
+    assert bad.status_code == 422 and "range" in bad.text
