@@ -30,6 +30,7 @@ from failslow.service.ingest.v2 import TopologyIn
 from failslow.service.ingest.v2 import router as ingest_v2_router
 from failslow.service.jobs import service as jobs_db
 from failslow.service.jobs.router import router as jobs_router
+from failslow.service.lease import Lease, LeaseHeld
 from failslow.service.live import job_samples, open_by_kind
 from failslow.service.metrics import LiveCollector, Metrics
 from failslow.service.ops.router import router as ops_router
@@ -48,6 +49,9 @@ async def detection_loop(ctx: AppContext) -> None:
     """Run detection over jobs with new data every ``detection.interval_s``; never dies."""
     interval = ctx.settings.detection.interval_s
     while True:
+        if ctx.lease is not None and ctx.lease.lost:  # another service writes now
+            await asyncio.sleep(interval)
+            continue
         try:
             await run_in_threadpool(ctx.detection.run_due)
             await run_in_threadpool(ctx.mitigation.run_due)
@@ -60,11 +64,30 @@ async def detection_loop(ctx: AppContext) -> None:
         await asyncio.sleep(interval)
 
 
+async def keep_lease(lease: Lease) -> None:
+    """Renew the database lease every third of its TTL until it is lost."""
+    while True:
+        await asyncio.sleep(lease.ttl_s / 3)
+        try:
+            if not await run_in_threadpool(lease.renew):
+                return
+        except Exception:  # noqa: BLE001 - the database is away: retry, the TTL is the bound
+            log.exception("renewing the database lease failed")
+
+
 def build_context(settings: Settings) -> AppContext:
     engine = make_engine(settings.database_url)
     if settings.migrate_on_start:
         upgrade(engine)
     sessions = make_sessionmaker(engine)
+    lease = Lease(sessions, settings.lease_ttl_s) if settings.lease_ttl_s > 0 else None
+    if lease is not None:
+        try:
+            lease.acquire()
+        except LeaseHeld as exc:
+            log.error("failslow cannot start: %s", exc)
+            engine.dispose()
+            raise
     metrics = Metrics()
 
     def load(job: str) -> JobState | None:
@@ -89,9 +112,9 @@ def build_context(settings: Settings) -> AppContext:
     )
     mitigation.recover()
     probes = ProbeManager(settings=settings.probes, sessions=sessions, metrics=metrics)
-    committer = Committer(sessions, settings.ingest.commit_interval_s)
+    committer = Committer(sessions, settings.ingest.commit_interval_s, lease)
     ctx = AppContext(
-        settings, engine, sessions, metrics, jobs, detection, mitigation, probes, committer
+        settings, engine, sessions, metrics, jobs, detection, mitigation, probes, committer, lease
     )
     metrics.add(
         LiveCollector(jobs=lambda: job_samples(ctx), open_incidents=lambda: open_by_kind(ctx))
@@ -108,14 +131,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.ctx = ctx
         task = asyncio.create_task(detection_loop(ctx), name="failslow-detection")
         committer = asyncio.create_task(ctx.committer.run(), name="failslow-commit")
+        tasks = [task, committer]
+        if ctx.lease is not None:
+            tasks.append(asyncio.create_task(keep_lease(ctx.lease), name="failslow-lease"))
         log.info("failslow %s ready (database %s)", __version__, ctx.engine.url.render_as_string())
         try:
             yield
         finally:
-            for t in (task, committer):
+            for t in tasks:
                 t.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
+            if ctx.lease is not None and not ctx.lease.lost:
+                with contextlib.suppress(Exception):  # it expires anyway
+                    await run_in_threadpool(ctx.lease.release)
             ctx.engine.dispose()
 
     app = FastAPI(

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from failslow.service.auth import Role, check
 from failslow.service.errors import Forbidden
 from failslow.service.ids import IDENTIFIER
+from failslow.service.lease import Lease
 from failslow.service.metrics import Metrics
 from failslow.service.stream.registry import JobRegistry
 
@@ -35,6 +36,7 @@ class AppContext:
     mitigation: Mitigation
     probes: ProbeManager
     committer: Committer
+    lease: Lease | None = None  # None: the single-writer check is off (lease_ttl_s = 0)
     ingest_inflight: int = 0
 
 

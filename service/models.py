@@ -4,6 +4,7 @@ from failslow.service.actions.models import Action, ActionEvent
 from failslow.service.db import Base
 from failslow.service.incidents.models import Incident
 from failslow.service.jobs.models import AgentStream, Comm, Host, Job, JobHistory, Rank, RankHistory
+from failslow.service.lease import ServiceLease
 from failslow.service.plans.models import JobWorkload, PlanVersion
 
 __all__ = [
@@ -20,4 +21,5 @@ __all__ = [
     "JobHistory",
     "Rank",
     "RankHistory",
+    "ServiceLease",
 ]

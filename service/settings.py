@@ -64,6 +64,13 @@ class Settings(BaseSettings):
         default=True, description="Apply Alembic migrations when the service starts."
     )
     log_level: str = Field(default="info", description="Python log level for the service.")
+    lease_ttl_s: float = Field(
+        default=15.0,
+        ge=0,
+        description="One service per database: the lease a running service holds in it "
+        "(service/lease.py) expires this long after its last renewal. 0 turns the check off "
+        "(only where something else guarantees a single writer).",
+    )
     auth: AuthSettings = Field(default_factory=AuthSettings, description="Bearer tokens.")
     ingest: IngestSettings = Field(default_factory=IngestSettings, description="Ingest limits.")
     state: StateSettings = Field(default_factory=StateSettings, description="Memory bounds.")

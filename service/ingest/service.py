@@ -23,6 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from failslow.service.db import session_scope
 from failslow.service.errors import Overloaded, Unavailable
 from failslow.service.jobs.service import Uncommitted, commit_ingest, restore, take_uncommitted
+from failslow.service.lease import Lease
 from failslow.service.stream.registry import JobRegistry, RegistryFull
 from failslow.service.stream.state import JobState
 
@@ -46,9 +47,12 @@ def apply(state: JobState, fn: Callable[[JobState], T]) -> T:
 class Committer:
     """Group commit of ingest accounting. Runs in the event loop; writes in a worker thread."""
 
-    def __init__(self, sessions: sessionmaker[Session], interval_s: float = 0.0) -> None:
+    def __init__(
+        self, sessions: sessionmaker[Session], interval_s: float = 0.0, lease: Lease | None = None
+    ) -> None:
         self.sessions = sessions
         self.interval_s = interval_s  # least time between two transactions
+        self.lease = lease  # when it is lost, nothing more is written
         self._waiting: list[tuple[JobState, asyncio.Future[None]]] = []
         self._wake: asyncio.Event | None = None
         self.commits = 0  # transactions written
@@ -80,6 +84,12 @@ class Committer:
             if not batch:
                 continue
             states = list({id(s): s for s, _ in batch}.values())
+            if self.lease is not None and self.lease.lost:
+                error = Unavailable(self.lease.lost, headers={"Retry-After": "5"})
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(error)
+                continue
             try:
                 await run_in_threadpool(self.write, states)
             except SQLAlchemyError as exc:

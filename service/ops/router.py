@@ -21,6 +21,8 @@ def healthz() -> dict[str, str]:
 
 @router.get("/readyz", summary="Storage reachable and migrations applied")
 async def readyz(ctx: CtxDep) -> dict[str, str]:
+    if ctx.lease is not None and ctx.lease.lost:
+        raise Unavailable(ctx.lease.lost)
     ok, reason = await run_in_threadpool(check_ready, ctx.engine)
     if not ok:
         raise Unavailable(reason)

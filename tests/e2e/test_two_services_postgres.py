@@ -1,7 +1,10 @@
-"""Two service processes on one PostgreSQL database, both fed the same faulty job at the same
-time (as two replicas that each received every envelope): the database holds one open incident
-per (kind, subject), one action per idempotency key, each action carried out once, and plan
-versions without gaps or duplicates."""
+"""Two service processes on one PostgreSQL database.
+
+By default the second refuses to start, naming the first (the database lease, service/lease.py).
+With the lease turned off (``lease_ttl_s=0``) both run, fed the same faulty job at the same time
+(as two replicas that each received every envelope), and the storage still holds one open
+incident per (kind, subject), one action per idempotency key, each action carried out once, and
+plan versions without gaps or duplicates: the constraints underneath the lease hold on their own."""
 
 from __future__ import annotations
 
@@ -21,6 +24,28 @@ from tests.live import free_port
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
+def test_a_second_service_on_one_database_refuses_naming_the_first(
+    postgres: object, tmp_path: Path
+) -> None:
+    url = postgres.create_database()  # type: ignore[attr-defined]
+    env = env_for(tmp_path / "unused.db")
+    env.update({"FAILSLOW_DATABASE_URL": url, "FAILSLOW_LEASE_TTL_S": "2"})
+    first = start_service(free_port(), tmp_path / "unused.db", tmp_path / "first.log", env)
+    try:
+        second = subprocess.run(
+            [*CLI, "serve", "--port", str(free_port())],
+            env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert second.returncode != 0
+        assert f":{first.pid}:" in second.stderr + second.stdout
+        assert "one service per database" in (second.stderr + second.stdout).lower()
+    finally:
+        stop(first)
+    # once the first is gone (it released the lease), a new one starts at once
+    again = start_service(free_port(), tmp_path / "unused.db", tmp_path / "again.log", env)
+    stop(again)
+
+
 def test_two_services_on_one_database_never_duplicate(postgres: object, tmp_path: Path) -> None:
     url = postgres.create_database()  # type: ignore[attr-defined]
     data = tmp_path / "job.jsonl"
@@ -31,15 +56,18 @@ def test_two_services_on_one_database_never_duplicate(postgres: object, tmp_path
          "--fault", "slow_nic:host=node-006,start=100,factor=3.0", "--out", str(data)],
         check=True, timeout=300,
     )  # fmt: skip
-    procs, urls = [], []
-    # the first applies the migrations; the second starts on the migrated database
-    for i in range(2):
-        env = env_for(tmp_path / "unused.db")
-        env["FAILSLOW_DATABASE_URL"] = url
-        port = free_port()
-        procs.append(start_service(port, tmp_path / "unused.db", tmp_path / f"svc{i}.log", env))
-        urls.append(f"http://127.0.0.1:{port}")
+    procs: list[subprocess.Popen[bytes]] = []
+    urls: list[str] = []
     try:
+        # the first applies the migrations; the second starts on the migrated database
+        for i in range(2):
+            env = env_for(tmp_path / "unused.db")
+            env["FAILSLOW_DATABASE_URL"] = url
+            env["FAILSLOW_LEASE_TTL_S"] = "0"  # both run: what the storage guarantees by itself
+            port = free_port()
+            log = tmp_path / f"svc{i}.log"
+            procs.append(start_service(port, tmp_path / "unused.db", log, env))
+            urls.append(f"http://127.0.0.1:{port}")
         results: list[int] = []
 
         def replay(u: str) -> None:
