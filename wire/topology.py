@@ -86,6 +86,14 @@ def canonical(ranks: list[dict[str, Any]], comms: list[dict[str, Any]]) -> dict[
     }
 
 
-def digest(ranks: list[dict[str, Any]], comms: list[dict[str, Any]]) -> str:
-    raw = orjson.dumps(canonical(ranks, comms), option=orjson.OPT_SORT_KEYS)
+def canonical_bytes(ranks: list[dict[str, Any]], comms: list[dict[str, Any]]) -> bytes:
+    """The canonical form as the bytes the digest is taken of (also what a service stores)."""
+    return orjson.dumps(canonical(ranks, comms), option=orjson.OPT_SORT_KEYS)
+
+
+def digest_of(raw: bytes) -> str:
     return hashlib.sha256(raw).hexdigest()[:DIGEST_CHARS]
+
+
+def digest(ranks: list[dict[str, Any]], comms: list[dict[str, Any]]) -> str:
+    return digest_of(canonical_bytes(ranks, comms))

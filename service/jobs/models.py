@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Integer, String
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Integer, LargeBinary, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from failslow.service.db import Base
@@ -52,6 +52,22 @@ class AgentStream(Base):
     agent: Mapped[str] = mapped_column(ID, primary_key=True)
     last_batch_seq: Mapped[int] = mapped_column(BigInteger)
     updated_ns: Mapped[int] = mapped_column(BigInteger)
+
+
+class HostRegistration(Base):
+    """A host's v2 topology registration (docs/ingest-v2.md section 1), kept so that a restarted
+    service resolves the digests its agents' envelopes name without making every host register
+    again. The newest few per host, as the service keeps them in memory."""
+
+    __tablename__ = "host_registrations"
+
+    job_id: Mapped[str] = mapped_column(
+        ID, ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    host: Mapped[str] = mapped_column(ID, primary_key=True)
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    registered: Mapped[int] = mapped_column(BigInteger)  # order of registration (ns)
+    body: Mapped[bytes] = mapped_column(LargeBinary)  # the canonical JSON
 
 
 class Rank(Base):

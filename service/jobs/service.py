@@ -6,15 +6,26 @@ instead of overwriting each other. Callers own the transaction.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Table, bindparam, insert, select, tuple_, update
+from sqlalchemy import Table, bindparam, delete, insert, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from failslow.detectors.vocab import CommKind
-from failslow.service.jobs.models import AgentStream, Comm, Host, Job, JobHistory, Rank, RankHistory
+from failslow.service.jobs.models import (
+    AgentStream,
+    Comm,
+    Host,
+    HostRegistration,
+    Job,
+    JobHistory,
+    Rank,
+    RankHistory,
+)
+from failslow.service.stream import columnar
 from failslow.service.stream.records import CommAnnouncement, RankAnnouncement
 from failslow.service.stream.settings import StateSettings
 from failslow.service.stream.state import HostDelta, JobState
@@ -61,6 +72,8 @@ class Uncommitted:
     streams: dict[tuple[str, str], int] = field(default_factory=dict)  # -> newest batch_seq
     ranks: dict[int, tuple[str, int | None]] = field(default_factory=dict)  # -> (host, gpu)
     comms: dict[str, tuple[str, list[int]]] = field(default_factory=dict)  # -> (kind, ranks)
+    # v2 registrations: host -> (digests kept now, oldest first; new ones -> canonical JSON)
+    registrations: dict[str, tuple[list[str], dict[str, bytes]]] = field(default_factory=dict)
 
 
 def take_uncommitted(state: JobState) -> Uncommitted:
@@ -79,12 +92,21 @@ def take_uncommitted(state: JobState) -> Uncommitted:
             if topo.ranks[r].host is not None
         },
         comms={n: (topo.comms[n].kind, list(topo.comms[n].ranks)) for n in topo.dirty_comms},
+        registrations={h: (_kept(state, h), new) for h, new in state.new_registrations.items()},
     )
+    state.new_registrations = {}
     state.deltas = {}
     state.dirty_streams = set()
     topo.dirty_ranks = set()
     topo.dirty_comms = set()
     return u
+
+
+def _kept(state: JobState, host: str) -> list[str]:
+    """The digests of ``host`` to keep stored: those in memory and those stored and not yet
+    used since a restart, the newest few."""
+    both = [*state.stored_registrations.get(host, ()), *state.registrations.get(host, ())]
+    return list(dict.fromkeys(both))[-columnar.REGISTRATIONS_KEPT :]
 
 
 def restore(state: JobState, u: Uncommitted) -> None:
@@ -101,6 +123,8 @@ def restore(state: JobState, u: Uncommitted) -> None:
         cur.first_seen_ns = min(x for x in (cur.first_seen_ns, d.first_seen_ns) if x is not None)
         cur.last_seen_ns = max(cur.last_seen_ns, d.last_seen_ns)
     state.dirty_streams |= set(u.streams)
+    for host, (_, new) in u.registrations.items():
+        state.new_registrations[host] = new | state.new_registrations.get(host, {})
     state.topology.dirty_ranks |= set(u.ranks)
     state.topology.dirty_comms |= set(u.comms)
 
@@ -216,6 +240,29 @@ def commit_ingest(session: Session, *, u: Uncommitted) -> None:
         [{"job_id": u.job, "comm": name, "kind": kind, "ranks": members}
          for name, (kind, members) in u.comms.items()],  # fmt: skip
     )
+    _store_registrations(session, u)
+
+
+def _store_registrations(session: Session, u: Uncommitted) -> None:
+    """Insert new v2 registrations; drop those the service no longer keeps for their host."""
+    if not u.registrations:
+        return
+    t = HostRegistration.__table__.c  # type: ignore[attr-defined]
+    now = time.time_ns()
+    rows = []
+    for host, (kept, new) in u.registrations.items():
+        session.execute(
+            delete(HostRegistration).where(
+                t.job_id == u.job, t.host == host, t.digest.not_in(kept) | t.digest.in_(new)
+            )
+        )
+        rows += [
+            {"job_id": u.job, "host": host, "digest": d, "registered": now + kept.index(d),
+             "body": body}
+            for d, body in new.items() if d in kept
+        ]  # fmt: skip
+    if rows:
+        session.execute(insert(HostRegistration), rows)
 
 
 def load_job(session: Session, *, job: str, settings: StateSettings) -> JobState | None:
@@ -239,9 +286,23 @@ def load_job(session: Session, *, job: str, settings: StateSettings) -> JobState
         topo.announce_comm(CommAnnouncement(c.comm, CommKind(c.kind), tuple(c.ranks)))
     for s in session.scalars(select(AgentStream).where(AgentStream.job_id == job)):
         state.streams[(s.host, s.agent)] = s.last_batch_seq
+    _load_registrations(session, state)
     topo.dirty_ranks.clear()
     topo.dirty_comms.clear()
     return state
+
+
+def _load_registrations(session: Session, state: JobState) -> None:
+    """What the hosts had registered, oldest first: each is registered again when an envelope
+    first names it (``columnar.apply_v2``), so the hosts need not, and a large job's load does
+    not pay for all its hosts at once (~2 ms each at 100K ranks)."""
+    q = (
+        select(HostRegistration.host, HostRegistration.digest, HostRegistration.body)
+        .where(HostRegistration.job_id == state.job)
+        .order_by(HostRegistration.host, HostRegistration.registered)
+    )
+    for host, digest, body in session.execute(q):
+        state.stored_registrations.setdefault(host, {})[digest] = bytes(body)
 
 
 def list_jobs(session: Session) -> list[Job]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import orjson
 
 from failslow.service.stream import v2check
 from failslow.service.stream.parse import parse_comm, parse_rank
@@ -25,7 +26,7 @@ from failslow.service.stream.records import (
     Reject,
 )
 from failslow.service.stream.topology import Topology
-from failslow.wire.topology import digest
+from failslow.wire.topology import canonical_bytes, digest_of
 from failslow.wire.v2 import NO_PEER, Columns
 
 if TYPE_CHECKING:
@@ -213,22 +214,42 @@ class UnknownTopology(LookupError):
 
 
 def register_topology(
-    state: JobState, host: str, ranks_raw: list[Any], comms_raw: list[Any]
+    state: JobState, host: str, ranks_raw: list[Any], comms_raw: list[Any], *, stored: bool = False
 ) -> HostTopology:
-    """Check and apply a host's registration (all or nothing); raises RegistrationError."""
+    """Check and apply a host's registration (all or nothing); raises RegistrationError.
+    ``stored``: it comes from the database (nothing new to store)."""
     declared = [r.get("world_size") for r in ranks_raw if isinstance(r, dict)]
     state.scale_limits(max((w for w in declared if isinstance(w, int)), default=None))
     ranks, comms = check_registration(state.topology, ranks_raw, comms_raw)
-    key = digest(ranks_raw, comms_raw)  # of the form the host sent (checked above)
+    raw = canonical_bytes(ranks_raw, comms_raw)  # of the form the host sent (checked above)
+    key = digest_of(raw)
     kept = state.registrations.setdefault(host, OrderedDict())
     ht = kept.get(key)
     if ht is None:
         ht = register(state.topology, host, key, ranks, comms)
+        if not stored:
+            state.new_registrations.setdefault(host, {})[key] = raw  # for the commit to store
+    stored_ones = state.stored_registrations.get(host)
+    if stored_ones is not None and stored_ones.pop(key, None) is not None and not stored_ones:
+        del state.stored_registrations[host]
     kept[key] = ht
     kept.move_to_end(key)
     while len(kept) > REGISTRATIONS_KEPT:
         kept.popitem(last=False)
     return ht
+
+
+def _restore(state: JobState, host: str, key: str) -> HostTopology:
+    """A registration stored before a restart, registered again; else UnknownTopology."""
+    raw = state.stored_registrations.get(host, {}).get(key)
+    if raw is None:
+        raise UnknownTopology(host, key)
+    try:
+        canon = orjson.loads(raw)
+        return register_topology(state, host, canon["ranks"], canon["comms"], stored=True)
+    except (RegistrationError, orjson.JSONDecodeError, KeyError, TypeError):
+        state.stored_registrations[host].pop(key, None)  # the host registers it again
+        raise UnknownTopology(host, key) from None
 
 
 def apply_v2(state: JobState, header: dict[str, Any], cols: Columns) -> ApplyResult:
@@ -238,7 +259,7 @@ def apply_v2(state: JobState, header: dict[str, Any], cols: Columns) -> ApplyRes
     agent, batch_seq = header.get("agent"), header.get("batch_seq")
     ht = state.registrations.get(host, {}).get(header["topology"])
     if ht is None:
-        raise UnknownTopology(host, header["topology"])
+        ht = _restore(state, host, header["topology"])
     result = state.begin(host, sent_ns, agent, batch_seq, cols.n_collectives + cols.n_steps)
     if result.batch_duplicate:
         return result

@@ -98,6 +98,11 @@ class JobState:
             ring=STEP_RING,
         )
         self.registrations: dict[str, OrderedDict[str, HostTopology]] = {}  # v2, per host
+        # v2 registrations not yet stored: host -> digest -> canonical JSON
+        self.new_registrations: dict[str, dict[str, bytes]] = {}
+        # stored before a restart and not used since: host -> digest -> canonical JSON, oldest
+        # first; each is registered again when an envelope first names it
+        self.stored_registrations: dict[str, dict[str, bytes]] = {}
         self.steps_since_join = np.zeros(0, np.int64)  # per slot
         self.watermark_ns = 0
         self.first_seen_ns: int | None = None

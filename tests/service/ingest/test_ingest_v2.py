@@ -180,3 +180,41 @@ def test_a_comm_may_be_registered_as_a_range(client: TestClient) -> None:
     assert clash.status_code == 422 and "conflicting" in clash.text
     bad = register(client, "h2", [], [{**world, "comm": "x", "ranks": {"start": 0, "stop": -1}}])
     assert bad.status_code == 422 and "range" in bad.text
+
+
+@pytest.mark.both_databases
+def test_registrations_survive_a_restart(settings: Settings) -> None:
+    """A restarted service resolves the digests its hosts registered before (no 409 storm):
+    the newest four per host, as in memory."""
+    h0, _ = two_hosts()
+    cols = {"rank": [0, 1], "seq": [0, 0], "start_ns": [T0, T0 + 1], "end_ns": [T0 + MS] * 2}
+    digests = []
+    with TestClient(create_app(settings)) as c:
+        for i in range(5):  # five topologies of h0 (an extra comm each): the first is forgotten
+            extra = {"comm": f"x-{i}", "kind": "tp", "ranks": [0, 1]}
+            r = register(c, "h0", h0["ranks"], [*h0["comms"], extra])
+            assert r.status_code == 200, r.text
+            digests.append(r.json()["digest"])
+        assert c.post("/v2/ingest", content=envelope(digests[-1], cols), headers=HEADERS).json()[
+            "accepted"] == 2  # fmt: skip
+    with TestClient(create_app(settings)) as c:
+        seq = 1
+        for d in digests[1:]:  # each kept topology resolves with its own comm codes
+            cols = {**cols, "seq": [seq, seq], "comm": [1, 1]}
+            r = c.post("/v2/ingest", content=envelope(d, cols, seq=seq), headers=HEADERS)
+            assert r.status_code == 200 and r.json()["accepted"] == 2, r.text
+            seq += 1
+        r = c.post("/v2/ingest", content=envelope(digests[0], cols, seq=seq), headers=HEADERS)
+        assert r.status_code == 409, r.text
+        # a registration after the restart is stored too, and evicts the oldest kept one
+        extra = {"comm": "x-5", "kind": "tp", "ranks": [0, 1]}
+        d5 = register(c, "h0", h0["ranks"], [*h0["comms"], extra]).json()["digest"]
+    with TestClient(create_app(settings)) as c:
+        ok = [d5, *digests[2:]]
+        for d in ok:
+            cols = {**cols, "seq": [seq, seq], "comm": [1, 1]}
+            r = c.post("/v2/ingest", content=envelope(d, cols, seq=seq), headers=HEADERS)
+            assert r.status_code == 200, r.text
+            seq += 1
+        r = c.post("/v2/ingest", content=envelope(digests[1], cols, seq=seq), headers=HEADERS)
+        assert r.status_code == 409, r.text
