@@ -30,6 +30,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", type=int, default=10240)
     ap.add_argument("--steps", type=int, default=8, help="the first is a warm-up")
+    ap.add_argument(
+        "--joins-per-step", type=int, default=1,
+        help="join this many times per step, as a service does while a step's envelopes arrive "
+        "(every detection pass: 4 a second)",
+    )  # fmt: skip
     args = ap.parse_args()
     job = JobLayout(args.ranks, 1_000_000_000)
     hosts = [HostTemplate(job, h) for h in range(job.hosts)]
@@ -43,6 +48,7 @@ def main() -> None:
     digests = [topology.digest(h.registration["ranks"], h.registration["comms"]) for h in hosts]
     cpu = {"decode": 0.0, "apply": 0.0, "drain": 0.0}
     clock = time.process_time
+    every = max(1, len(hosts) // args.joins_per_step)
     for step in range(args.steps):
         if step == 1:
             cpu = dict.fromkeys(cpu, 0.0)
@@ -57,6 +63,10 @@ def main() -> None:
                 columnar.apply_v2(state, head, cols)
             cpu["decode"] += b - a
             cpu["apply"] += clock() - b
+            if (h + 1) % every == 0 and h + 1 < len(hosts):
+                c = clock()
+                state.drain_ready()
+                cpu["drain"] += clock() - c
         c = clock()
         state.drain_ready()
         state.frames.advance(state.watermark_ns, state.topology.n_slots, world=args.ranks)
@@ -67,6 +77,7 @@ def main() -> None:
     total = sum(cpu.values())
     print(json.dumps({
         "ranks": args.ranks,
+        "joins_per_step": args.joins_per_step,
         "registration_ms_per_host": round(registration_ms, 2),
         "us_per_record": round(total / records * 1e6, 3),
         "us_per_envelope": {k: round(v / envelopes * 1e6, 1) for k, v in cpu.items()},
