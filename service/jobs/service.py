@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Table, bindparam, delete, insert, select, tuple_, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -129,6 +131,9 @@ def restore(state: JobState, u: Uncommitted) -> None:
     state.topology.dirty_comms |= set(u.comms)
 
 
+_NATIVE_UPSERT = {"sqlite": sqlite_insert, "postgresql": pg_insert}
+
+
 def _bulk_upsert(
     session: Session,
     table: Table,
@@ -139,12 +144,26 @@ def _bulk_upsert(
     add: tuple[str, ...] = (),
 ) -> None:
     """Write many rows of one job at once: rows that exist get the ``set_`` columns replaced and
-    the ``add`` columns incremented (one executemany); the others are inserted whole (one
-    executemany). ``key[0]`` is the job, the same in every row. A concurrent insert by another
-    process falls back to row-by-row :func:`_upsert`."""
+    the ``add`` columns incremented; the others are inserted whole. On SQLite and PostgreSQL one
+    ``INSERT ... ON CONFLICT DO UPDATE`` executemany (the database resolves concurrent writers);
+    elsewhere a SELECT of the existing keys, an UPDATE and an INSERT executemany, where a
+    concurrent insert by another process falls back to row-by-row :func:`_upsert`. ``key[0]`` is
+    the job, the same in every row; keys are distinct."""
     if not rows:
         return
     c = table.c
+    dialect = session.get_bind().dialect.name
+    if dialect in _NATIVE_UPSERT:
+        ins = _NATIVE_UPSERT[dialect](table)
+        updates = {k: ins.excluded[k] for k in set_} | {k: c[k] + ins.excluded[k] for k in add}
+        stmt = (
+            ins.on_conflict_do_update(index_elements=list(key), set_=updates)
+            if updates
+            else ins.on_conflict_do_nothing(index_elements=list(key))
+        )
+        for lo in range(0, len(rows), 2000):
+            session.execute(stmt, rows[lo : lo + 2000])
+        return
     job, rest = rows[0][key[0]], key[1:]
     existing: set[tuple[Any, ...]] = set()
     for lo in range(0, len(rows), 500):
