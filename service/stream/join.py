@@ -361,11 +361,16 @@ class Joiner:
         return int(np.count_nonzero(np.logical_or.reduceat(inside, first)))
 
     def groups(
-        self, *, started_before_ns: int | None = None, limit: int | None = None
+        self,
+        *,
+        started_before_ns: int | None = None,
+        limit: int | None = None,
+        inside_only: bool = False,
     ) -> list[PendingGroup]:
         """Pending collectives in order of arrival. With ``started_before_ns``: those arriving
         before the first whose first member started after it and, when there are any, every
-        later one that a member is inside (whoever waits there waits for someone else). At most
+        later one that a member is inside (whoever waits there waits for someone else).
+        ``inside_only``: only those that a member reported being inside (in flight). At most
         ``limit`` (the first in that order)."""
         if not self.pending_groups:
             return []
@@ -375,6 +380,7 @@ class Joiner:
         oldest = np.minimum.reduceat(p["start"], first)
         seen = np.minimum.reduceat(p["seen"], first)
         order = self._arrival_order(first)
+        inside = None
         if started_before_ns is not None:
             young = np.flatnonzero(oldest[order] >= started_before_ns)
             cut = young[0] if young.size else order.size
@@ -383,6 +389,10 @@ class Joiner:
             inside = np.logical_or.reduceat(p["end"] == NO_END, first)
             later = order[cut:]
             order = np.r_[order[:cut], later[inside[later]]]
+        if inside_only:
+            if inside is None:
+                inside = np.logical_or.reduceat(p["end"] == NO_END, first)
+            order = order[inside[order]]
         if limit is not None:
             order = order[:limit]
         out = []

@@ -91,11 +91,16 @@ def blocked_collectives(
     someone else, and the hang detector follows them to whoever that is (scanned in arrival
     order, see :meth:`Joiner.groups`), at most :data:`MAX_BLOCKED` of them: when ingest lags,
     thousands of collectives of a large job are incomplete at once, and the oldest are where a
-    hang's wait chains start."""
+    hang's wait chains start. Only those a member reported being inside: the hang detector
+    passes over the others (every member it heard from completed it, the rest are merely late),
+    and they must not use up the limit."""
     out: list[BlockedCollective] = []
     comms = state.topology.comm_list
     newest = state.frames.newest_end
-    for g in state.joiner.groups(started_before_ns=older_than_ns, limit=MAX_BLOCKED):
+    groups = state.joiner.groups(
+        started_before_ns=older_than_ns, limit=MAX_BLOCKED, inside_only=True
+    )
+    for g in groups:
         comm = comms[g.comm]
         n = len(comm.ranks)
         starts: list[int | None] = [None] * n

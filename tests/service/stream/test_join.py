@@ -127,6 +127,19 @@ def test_hang_views_follow_arrival_order() -> None:
     assert j.abandon() == 3 and j.pending_groups == 0
 
 
+def test_hang_views_can_leave_out_what_nobody_is_inside() -> None:
+    """An old collective whose reported members all completed (the others are merely late) is
+    of no use to the hang detector and must not use up the limit."""
+    j, topo = make(n=2)
+    stage(j, topo, coll(0, 4, T0 - 100 * MS, T0 - 99 * MS), seen=T0)
+    stage(j, topo, coll(0, 5, T0, None), seen=T0 + MS)
+    join(j, topo)
+    assert [g.seq for g in j.groups(started_before_ns=T0 + 50 * MS, limit=1)] == [4]
+    only = j.groups(started_before_ns=T0 + 50 * MS, limit=1, inside_only=True)
+    assert [g.seq for g in only] == [5]
+    assert [g.seq for g in j.groups(inside_only=True)] == [5]
+
+
 def test_ledger_answers_resends() -> None:
     led = Ledger(max_entries=1000)
     c = parse_collective
