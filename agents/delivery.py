@@ -61,7 +61,7 @@ class Shipping:
                 if registered.outcome != "ok":
                     return self._failed(seq, records, registered)
             result = self.sender.post(payload, v2=True)
-            if result.outcome == UNKNOWN_TOPOLOGY:  # e.g. the service restarted: register again
+            if result.outcome == UNKNOWN_TOPOLOGY:  # unknown to the service: register again
                 self._registered.discard(digest)
                 return "retry"
         else:

@@ -291,8 +291,10 @@ def test_spool_input_files_are_deleted_only_once_sealed(
 
 
 def test_v2_registers_again_after_a_service_restart(tmp_path: Path, settings_: Settings) -> None:
-    """The service forgets registrations when it restarts; the agent's next envelope gets 409
-    unknown-topology, it registers again and re-sends: nothing lost, nothing twice."""
+    """Across a service restart, with a topology the service never saw (a new comm): the agent
+    registers it (on a 409 unknown-topology, or before sending) and re-sends: nothing lost,
+    nothing twice. (Registrations the service stored survive the restart:
+    tests/service/ingest/test_ingest_v2.py.)"""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     agent = make_agent(tmp_path, url)
