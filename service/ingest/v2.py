@@ -14,19 +14,18 @@ from starlette.concurrency import run_in_threadpool
 
 from failslow.service.context import AppContext, CtxDep, IngestAuth, JobId
 from failslow.service.errors import (
-    FailslowError,
     InvalidEnvelope,
     InvalidTopology,
-    Overloaded,
     UnknownTopology,
 )
 from failslow.service.ids import IDENTIFIER, is_identifier
+from failslow.service.ingest.admission import admit
 from failslow.service.ingest.decode import read_body, read_json
 from failslow.service.ingest.schemas import CommIn, IngestResult, RankIn
 from failslow.service.ingest.service import apply, job_state
 from failslow.service.stream import columnar
 from failslow.service.stream.parse import INT64_MAX, is_int
-from failslow.service.stream.state import ApplyResult
+from failslow.service.stream.state import ApplyResult, JobState
 from failslow.wire import v2
 
 router = APIRouter(tags=["ingest"])
@@ -82,16 +81,6 @@ def _check_header(header: dict[str, Any]) -> None:
         errors.append({"loc": "header.topology", "msg": "the digest of a registered topology"})
     if errors:
         raise InvalidEnvelope("the envelope is not valid; nothing was stored", errors=errors)
-
-
-def _record_metrics(ctx: AppContext, result: ApplyResult) -> None:
-    m = ctx.metrics
-    for kind, count in result.kinds.items():
-        m.records.labels(kind).inc(count)
-    for reason in result.reasons:
-        m.rejected.labels(reason).inc()
-    if result.duplicates:
-        m.duplicates.inc(result.duplicates)
 
 
 @router.put(
@@ -154,46 +143,27 @@ async def ingest_v2(request: Request, ctx: CtxDep) -> Response:
 
 async def handle_v2(request: Request, ctx: AppContext) -> Response:
     """Accept one v2 envelope (auth already checked)."""
-    started = time.perf_counter()
-    m = ctx.metrics
-    code = 200
-    try:
-        if ctx.ingest_inflight >= ctx.settings.ingest.max_concurrent_requests:
-            raise Overloaded(
-                "too many ingest requests in progress",
-                headers={"Retry-After": str(ctx.settings.ingest.retry_after_s)},
-            )
-        ctx.ingest_inflight += 1
+
+    async def accept() -> tuple[JobState, ApplyResult]:
+        body, received, encoding = await read_body(
+            request, media_types=(v2.MEDIA_TYPE,), max_bytes=ctx.settings.ingest.max_body_bytes
+        )
+        ctx.metrics.bytes.labels(encoding).inc(received)
         try:
-            body, received, encoding = await read_body(
-                request,
-                media_types=(v2.MEDIA_TYPE,),
-                max_bytes=ctx.settings.ingest.max_body_bytes,
-            )
-            m.bytes.labels(encoding).inc(received)
-            try:
-                header, cols = v2.decode(body)
-            except v2.FormatError as exc:
-                raise InvalidEnvelope(str(exc)) from None
-            _check_header(header)
-            state = job_state(ctx.jobs, header["job"])
-            try:
-                # whole-array work of a few hundred microseconds: no thread hop
-                result = apply(state, lambda s: columnar.apply_v2(s, header, cols))
-            except columnar.UnknownTopology as exc:
-                raise UnknownTopology(
-                    str(exc), errors=[{"loc": "header.topology", "msg": exc.digest}]
-                ) from None
-        finally:
-            ctx.ingest_inflight -= 1
-        await ctx.committer.committed(state)  # waiting for the commit holds no request slot
-    except FailslowError as exc:
-        code = exc.status
-        raise
-    finally:
-        m.requests.labels(str(code)).inc()
-        m.request_seconds.observe(time.perf_counter() - started)
-    _record_metrics(ctx, result)
+            header, cols = v2.decode(body)
+        except v2.FormatError as exc:
+            raise InvalidEnvelope(str(exc)) from None
+        _check_header(header)
+        state = job_state(ctx.jobs, header["job"])
+        try:
+            # whole-array work of a few hundred microseconds: no thread hop
+            return state, apply(state, lambda s: columnar.apply_v2(s, header, cols))
+        except columnar.UnknownTopology as exc:
+            raise UnknownTopology(
+                str(exc), errors=[{"loc": "header.topology", "msg": exc.digest}]
+            ) from None
+
+    result = await admit(ctx, accept)
     return Response(
         orjson.dumps(
             {"accepted": result.accepted, "duplicates": result.duplicates,
