@@ -146,6 +146,20 @@ class Checked:
     reasons: list[Reject]
 
 
+def _reject(
+    reason: np.ndarray,
+    rules: tuple[tuple[Reject, str], ...],
+    column: str,
+    rejected: list[dict[str, str]],
+    reasons: list[Reject],
+) -> None:
+    """One rejection per record whose ``reason`` (1-based into ``rules``) is set."""
+    for i in np.flatnonzero(reason).tolist():
+        code, msg = rules[int(reason[i]) - 1]
+        rejected.append({"index": f"{column}[{i}]", "reason": msg})
+        reasons.append(code)
+
+
 def check_columns(
     cols: Columns,
     ht: HostTopology,
@@ -164,10 +178,7 @@ def check_columns(
     rejected: list[dict[str, str]] = []
     reasons: list[Reject] = []
     if reason.any():
-        for i in np.flatnonzero(reason).tolist():
-            code_, msg = v2check.RULES[int(reason[i]) - 1]
-            rejected.append({"index": f"collectives[{i}]", "reason": msg})
-            reasons.append(code_)
+        _reject(reason, v2check.RULES, "collectives", rejected, reasons)
         ok = reason == 0
         code, slot, pos = code[ok], slot[ok], pos[ok]
         c = {k: v[ok] for k, v in c.items()}
@@ -187,10 +198,7 @@ def check_columns(
     sreason, sslot = v2check.step_reasons(s, ht.ranks, ht.slots, slot_host, host_index, jit=jit)
     index = np.arange(sreason.size)
     if sreason.any():
-        for i in np.flatnonzero(sreason).tolist():
-            code_, msg = v2check.STEP_RULES[int(sreason[i]) - 1]
-            rejected.append({"index": f"steps[{i}]", "reason": msg})
-            reasons.append(code_)
+        _reject(sreason, v2check.STEP_RULES, "steps", rejected, reasons)
         sok = sreason == 0
         index, sslot, s = index[sok], sslot[sok], {k: v[sok] for k, v in s.items()}
     steps = {
