@@ -19,9 +19,11 @@ from failslow.service.stream.registry import JobRegistry
 
 if TYPE_CHECKING:  # the engines are built by create_app; routers only use what they hold
     from failslow.service.actions.scheduler import Mitigation
+    from failslow.service.bus.client import Bus
     from failslow.service.detection.engine import DetectionEngine
     from failslow.service.ingest.service import Committer
     from failslow.service.probes.manager import ProbeManager
+    from failslow.service.replica.ownership import Ownership
     from failslow.service.settings import Settings
 
 
@@ -38,6 +40,8 @@ class AppContext:
     committer: Committer
     lease: Lease | None = None  # None: the single-writer check is off (lease_ttl_s = 0)
     ingest_inflight: int = 0
+    bus: Bus | None = None  # set: ingest publishes to the stream (docs/replicas.md)
+    ownership: Ownership | None = None  # with a bus: the partitions this replica owns
 
 
 async def get_ctx(request: Request) -> AppContext:

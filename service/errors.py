@@ -98,6 +98,14 @@ class InvalidTopology(FailslowError):
     title = "Invalid topology"
 
 
+class NotOwner(FailslowError):
+    """With a bus, a request that only the job's owning replica can serve (docs/replicas.md)."""
+
+    status = 421
+    slug = "not-owner"
+    title = "Not the job's owner"
+
+
 class Unavailable(FailslowError):
     status = 503
     slug = "unavailable"

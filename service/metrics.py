@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -79,6 +79,17 @@ class Metrics:
         self.resolved = Counter(
             "failslow_incidents_resolved_total", "Incidents resolved.", ["kind"], registry=r
         )
+
+        self.bus_lost = Counter(
+            "failslow_bus_lost_total",
+            "Envelopes of a partition this replica owns that were never applied (expired from "
+            "the stream before their turn, or failed to apply).",
+            registry=r,
+        )
+        self.bus_partitions = Gauge(
+            "failslow_bus_partitions_owned", "Partitions of the stream this replica owns.",
+            registry=r,
+        )  # fmt: skip
 
         self.actions = Counter(
             "failslow_actions_total",

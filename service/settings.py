@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from failslow.service.actions.settings import ActionsSettings
 from failslow.service.auth import AuthSettings, hash_token
+from failslow.service.bus.settings import BusSettings
 from failslow.service.detection.settings import DetectionSettings
 from failslow.service.ingest.settings import IngestSettings
 from failslow.service.probes.settings import ProbeSettings
@@ -23,6 +24,7 @@ from failslow.service.stream.settings import StateSettings
 __all__ = [
     "ActionsSettings",
     "AuthSettings",
+    "BusSettings",
     "DetectionSettings",
     "IngestSettings",
     "ProbeSettings",
@@ -81,6 +83,11 @@ class Settings(BaseSettings):
         default_factory=ActionsSettings, description="Mitigation policy and actuators."
     )
     probes: ProbeSettings = Field(default_factory=ProbeSettings, description="Active probes.")
+    bus: BusSettings = Field(
+        default_factory=BusSettings,
+        description="Replicas on NATS JetStream (docs/replicas.md); off by default. With a bus "
+        "the database lease is not taken: the bus decides which replica writes which job.",
+    )
 
     @model_validator(mode="after")
     def _refuse_open_bind(self) -> Settings:

@@ -74,12 +74,18 @@ def _is_json(media: str) -> bool:
 
 async def read_json(request: Request, *, max_bytes: int) -> tuple[Any, int, str]:
     """Return ``(parsed JSON, bytes on the wire, encoding)``; raise 4xx problems otherwise."""
+    parsed, _, received, encoding = await read_json_bytes(request, max_bytes=max_bytes)
+    return parsed, received, encoding
+
+
+async def read_json_bytes(request: Request, *, max_bytes: int) -> tuple[Any, bytes, int, str]:
+    """Return ``(parsed JSON, the body decompressed, bytes on the wire, encoding)``."""
     media = _media_type(request)
     accepted = (media if _is_json(media) else "application/json",)
     body, received, encoding = await read_body(
         request, media_types=accepted, max_bytes=max_bytes
     )
     try:
-        return orjson.loads(body), received, encoding
+        return orjson.loads(body), body, received, encoding
     except orjson.JSONDecodeError as exc:
         raise InvalidEnvelope(f"body is not valid JSON: {exc}") from None

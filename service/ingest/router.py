@@ -5,10 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
+from failslow.service.bus.client import MessageKind
 from failslow.service.context import CtxDep, IngestAuth
 from failslow.service.ingest.admission import admit
-from failslow.service.ingest.decode import read_json
+from failslow.service.ingest.decode import read_json_bytes
 from failslow.service.ingest.envelope import parse_envelope
+from failslow.service.ingest.handoff import publish
 from failslow.service.ingest.schemas import IngestResult, Rejection
 from failslow.service.ingest.service import apply, job_state
 from failslow.service.stream.state import ApplyResult, JobState
@@ -27,6 +29,7 @@ BODY_DOC = {
 @router.post(
     "/v1/ingest",
     response_model=IngestResult,
+    response_model_exclude_none=True,
     dependencies=[IngestAuth],
     openapi_extra=BODY_DOC,
     summary="Send one host's telemetry for one job",
@@ -38,12 +41,18 @@ BODY_DOC = {
     },
 )
 async def ingest(request: Request, ctx: CtxDep) -> IngestResult:
-    async def accept() -> tuple[JobState, ApplyResult]:
-        body, received, encoding = await read_json(
+    async def accept() -> tuple[JobState | None, ApplyResult]:
+        body, raw, received, encoding = await read_json_bytes(
             request, max_bytes=ctx.settings.ingest.max_body_bytes
         )
         ctx.metrics.bytes.labels(encoding).inc(received)
         envelope = parse_envelope(body)
+        if ctx.bus is not None:
+            e = envelope
+            return None, await publish(
+                ctx.bus, MessageKind.V1, raw, job=e.job, host=e.host, agent=e.agent,
+                batch_seq=e.batch_seq, records=len(e.collectives) + len(e.steps),
+            )  # fmt: skip
         state = job_state(ctx.jobs, envelope.job)
         return state, await run_in_threadpool(apply, state, lambda s: s.apply(envelope))
 
@@ -52,4 +61,5 @@ async def ingest(request: Request, ctx: CtxDep) -> IngestResult:
         accepted=result.accepted,
         duplicates=result.duplicates,
         rejected=[Rejection(**r) for r in result.rejected],
+        queued=True if ctx.bus is not None else None,
     )

@@ -62,6 +62,13 @@ class IngestResult(BaseModel):
     accepted: int = Field(description="Records (collectives + steps) newly stored or completed.")
     duplicates: int = Field(description="Records identical to ones already stored.")
     rejected: list[Rejection]
+    queued: bool | None = Field(
+        default=None,
+        description="Present (true) only when a bus is configured (docs/replicas.md): the "
+        "stream holds the batch and the job's owning replica checks its records; `accepted` "
+        "counts the records queued, and per-record rejections show in the host's counters "
+        "instead of here.",
+    )
 
 
 def envelope_schema(ref_template: str) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -12,15 +12,18 @@ from fastapi import APIRouter, Path, Request, Response
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
+from failslow.service.bus.client import Bus, BusUnavailable, MessageKind
 from failslow.service.context import AppContext, CtxDep, IngestAuth, JobId
 from failslow.service.errors import (
     InvalidEnvelope,
     InvalidTopology,
+    Unavailable,
     UnknownTopology,
 )
 from failslow.service.ids import IDENTIFIER, is_identifier
 from failslow.service.ingest.admission import admit
-from failslow.service.ingest.decode import read_body, read_json
+from failslow.service.ingest.decode import read_body, read_json_bytes
+from failslow.service.ingest.handoff import publish
 from failslow.service.ingest.schemas import CommIn, IngestResult, RankIn
 from failslow.service.ingest.service import apply, job_state
 from failslow.service.stream import columnar
@@ -101,7 +104,9 @@ def _check_header(header: dict[str, Any]) -> None:
 async def register_topology(
     job: JobId, host: HostId, request: Request, ctx: CtxDep
 ) -> TopologyOut:
-    body, _, _ = await read_json(request, max_bytes=ctx.settings.ingest.max_body_bytes)
+    body, raw, _, _ = await read_json_bytes(
+        request, max_bytes=ctx.settings.ingest.max_body_bytes
+    )
     if not isinstance(body, dict) or not isinstance(body.get("ranks", []), list):
         raise InvalidTopology("the body must be an object with ranks and comms lists")
     sent_ns, ranks, comms = body.get("sent_ns"), body.get("ranks", []), body.get("comms", [])
@@ -112,19 +117,27 @@ async def register_topology(
         state.topology.touch_host(host, sent_ns, time.monotonic())
         return columnar.register_topology(state, host, ranks, comms)
 
-    state = job_state(ctx.jobs, job)
+    bus = ctx.bus
+    # with a bus, checked on its own here (a scratch job) and applied by the job's owner
+    state = job_state(ctx.jobs, job) if bus is None else JobState(job, ctx.settings.state)
     try:
         ht = await run_in_threadpool(apply, state, register)
     except columnar.RegistrationError as exc:
         raise InvalidTopology("the topology is not valid; nothing was registered",
                               errors=exc.errors) from None  # fmt: skip
-    await ctx.committer.committed(state)
+    if bus is None:
+        await ctx.committer.committed(state)
+    else:
+        await publish(bus, MessageKind.TOPOLOGY, raw, job=job, host=host, agent=None,
+                      batch_seq=None, records=0)  # fmt: skip
+        await _remember(bus, job, host, ht.digest)
     return TopologyOut(digest=ht.digest, ranks=int(ht.ranks.size), comms=int(ht.comm_index.size))
 
 
 @router.post(
     "/v2/ingest",
     response_model=IngestResult,
+    response_model_exclude_none=True,
     dependencies=[IngestAuth],
     openapi_extra=V2_BODY,
     summary="Send one host's telemetry for one job as binary columns",
@@ -144,7 +157,7 @@ async def ingest_v2(request: Request, ctx: CtxDep) -> Response:
 async def handle_v2(request: Request, ctx: AppContext) -> Response:
     """Accept one v2 envelope (auth already checked)."""
 
-    async def accept() -> tuple[JobState, ApplyResult]:
+    async def accept() -> tuple[JobState | None, ApplyResult]:
         body, received, encoding = await read_body(
             request, media_types=(v2.MEDIA_TYPE,), max_bytes=ctx.settings.ingest.max_body_bytes
         )
@@ -154,6 +167,8 @@ async def handle_v2(request: Request, ctx: AppContext) -> Response:
         except v2.FormatError as exc:
             raise InvalidEnvelope(str(exc)) from None
         _check_header(header)
+        if ctx.bus is not None:
+            return None, await _publish_v2(ctx.bus, header, body)
         state = job_state(ctx.jobs, header["job"])
         try:
             # whole-array work of a few hundred microseconds: no thread hop
@@ -164,13 +179,37 @@ async def handle_v2(request: Request, ctx: AppContext) -> Response:
             ) from None
 
     result = await admit(ctx, accept)
-    return Response(
-        orjson.dumps(
-            {"accepted": result.accepted, "duplicates": result.duplicates,
-             "rejected": result.rejected}
-        ),  # fmt: skip
-        media_type="application/json",
-    )
+    answer = {"accepted": result.accepted, "duplicates": result.duplicates,
+              "rejected": result.rejected}  # fmt: skip
+    if ctx.bus is not None:
+        answer["queued"] = True
+    return Response(orjson.dumps(answer), media_type="application/json")
+
+
+async def _remember(bus: Bus, job: str, host: str, digest: str) -> None:
+    try:
+        await bus.remember_topology(job, host, digest)
+    except BusUnavailable as exc:
+        raise Unavailable(str(exc), headers={"Retry-After": "2"}) from None
+
+
+async def _publish_v2(bus: Bus, header: dict[str, Any], body: bytes) -> ApplyResult:
+    """With a bus: a digest no replica registered is 409 here, as without one."""
+    job, host, digest = header["job"], header["host"], header["topology"]
+    try:
+        known = await bus.knows_topology(job, host, digest)
+    except BusUnavailable as exc:
+        raise Unavailable(str(exc), headers={"Retry-After": "2"}) from None
+    if not known:
+        raise UnknownTopology(
+            f"host {host} has no registered topology {digest!r}; register it again",
+            errors=[{"loc": "header.topology", "msg": digest}],
+        )
+    return await publish(
+        bus, MessageKind.V2, body, job=job, host=host, agent=header.get("agent"),
+        batch_seq=header.get("batch_seq"),
+        records=int(header.get("collectives", 0)) + int(header.get("steps", 0)),
+    )  # fmt: skip
 
 
 __all__ = ["CommIn", "RankIn", "TopologyIn", "router"]

@@ -1,0 +1,56 @@
+"""The bus (``FAILSLOW_BUS__*``). ``url`` unset: the embedded single process, no bus."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class BusSettings(BaseModel):
+    url: str | None = Field(
+        default=None,
+        description="NATS server(s), comma-separated (nats://a:4222,nats://b:4222). Set: ingest "
+        "replicas publish to JetStream and each job is applied by the one replica that owns "
+        "its partition. Unset: one process applies what it receives (the default).",
+    )
+    stream: str = Field(default="FAILSLOW", description="The JetStream stream of envelopes.")
+    subject: str = Field(
+        default="failslow.ingest", description="Subject prefix; partition p is <subject>.<p>."
+    )
+    partitions: int = Field(
+        default=8, ge=1, le=1024,
+        description="Jobs are hashed onto this many partitions; a partition is the unit of "
+        "ownership. Fixed for the life of a stream.",
+    )  # fmt: skip
+    stream_replicas: int = Field(
+        default=1, ge=1, le=5, description="JetStream replicas of the stream and buckets (3 in "
+        "a 3-node cluster)."
+    )  # fmt: skip
+    max_age_s: float = Field(
+        default=3600.0, gt=0,
+        description="How long the stream keeps envelopes. A partition whose owner falls this "
+        "far behind loses what expired (counted in failslow_bus_lost_total).",
+    )  # fmt: skip
+    duplicate_window_s: float = Field(
+        default=120.0, gt=0,
+        description="JetStream deduplicates re-sent batches (agent, batch_seq) within this "
+        "window; older re-sends are caught by the owner's per-agent positions.",
+    )  # fmt: skip
+    owner_ttl_s: float = Field(
+        default=5.0, gt=0.5,
+        description="A partition's owner renews its claim every third of this; when it stops, "
+        "another replica takes the partition over after at most this long (plus one renewal).",
+    )  # fmt: skip
+    snapshot_every_s: float = Field(
+        default=5.0, gt=0,
+        description="How often an owned job's state (stream and detector state) is written "
+        "with its stream position; a new owner restores it and replays only what came after.",
+    )  # fmt: skip
+    fetch_batch: int = Field(
+        default=256, ge=1, description="Envelopes an owner takes from the stream at once."
+    )
+    replica_id: str | None = Field(
+        default=None, description="This replica's name (default host:pid:random)."
+    )
+    publish_timeout_s: float = Field(
+        default=5.0, gt=0, description="How long ingest waits for the stream to hold a batch."
+    )

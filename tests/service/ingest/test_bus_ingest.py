@@ -1,0 +1,89 @@
+"""Ingest with a bus (docs/replicas.md), through the real app on a real NATS JetStream server:
+the envelope's own rules are answered as without a bus, accepted batches are queued, a re-sent
+batch is answered as duplicates by JetStream, an unregistered v2 topology is 409, and the owner
+applies what was queued (v1 and v2)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from failslow.service.app import create_app
+from failslow.service.bus.settings import BusSettings
+from failslow.service.settings import DetectionSettings, Settings
+from failslow.wire import v2
+from tests.helpers import MS, T0, two_hosts
+from tests.infra import nats as natsinfra
+from tests.live import wait_for
+
+HEADERS = {"Content-Type": v2.MEDIA_TYPE}
+
+
+@pytest.fixture(scope="module")
+def nats_url() -> Iterator[str]:
+    why = natsinfra.unavailable()
+    if why:
+        pytest.skip(why)
+    with natsinfra.cluster(1) as c:
+        yield c.url
+
+
+@pytest.fixture
+def client(nats_url: str, tmp_path: Path) -> Iterator[TestClient]:
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path}/db.sqlite",
+        detection=DetectionSettings(interval_s=0.05),
+        bus=BusSettings(url=nats_url, stream=f"T{tmp_path.name[-8:]}".replace("-", "_"),
+                        subject=f"t.{tmp_path.name[-8:]}".replace("-", "_"), owner_ttl_s=2,
+                        partitions=2),  # fmt: skip
+    )
+    with TestClient(create_app(settings)) as c:
+        assert wait_for(lambda: len(c.get("/v1/replica").json()["owned"]) == 2, timeout=15)
+        assert wait_for(lambda: all(p["ready"] for p in c.get("/v1/replica").json()["owned"]
+                                    .values()), timeout=15)  # fmt: skip
+        yield c
+
+
+def test_v1_and_v2_through_the_bus(client: TestClient) -> None:
+    h0, h1 = two_hosts()
+    # the envelope's own rules: answered at once, nothing queued
+    bad = client.post("/v1/ingest", json={"job": "j", "sent_ns": -1})
+    assert bad.status_code == 400 and bad.headers["content-type"] == "application/problem+json"
+    env = {"job": "j", "host": "h0", "sent_ns": T0 + MS, "agent": "a0", "batch_seq": 1, **h0,
+           "collectives": [{"rank": r, "comm": h0["comms"][0]["comm"], "seq": 0,
+                            "op": "allreduce", "bytes": 8, "start_ns": T0 + r,
+                            "end_ns": T0 + MS} for r in (0, 1)]}  # fmt: skip
+    r = client.post("/v1/ingest", json=env)
+    assert r.json() == {"accepted": 2, "duplicates": 0, "rejected": [], "queued": True}
+    again = client.post("/v1/ingest", json=env)  # the same batch: JetStream holds it already
+    assert again.json() == {"accepted": 0, "duplicates": 2, "rejected": [], "queued": True}
+    # v2: an unregistered digest is 409; registered, it is queued and applied by the owner
+    cols = {"rank": [2, 3], "comm": [0, 0], "seq": [0, 0], "op": [0, 0], "bytes": [8, 8],
+            "start_ns": [T0 + 2, T0 + 3], "end_ns": [T0 + MS] * 2,
+            "peer": [v2.NO_PEER] * 2}  # fmt: skip
+    steps = {"rank": [], "step": [], "start_ns": [], "end_ns": []}
+
+    def body(digest: str) -> bytes:
+        header = {"job": "j", "host": "h1", "sent_ns": T0 + MS, "agent": "a1", "batch_seq": 1,
+                  "topology": digest}  # fmt: skip
+        return v2.encode(header, cols, steps)
+
+    unknown = client.post("/v2/ingest", content=body("0" * 16), headers=HEADERS)
+    assert unknown.status_code == 409
+    reg = client.put("/v2/jobs/j/topology/h1", json={"sent_ns": T0, **h1})
+    assert reg.status_code == 200, reg.text
+    r = client.post("/v2/ingest", content=body(reg.json()["digest"]), headers=HEADERS)
+    assert r.status_code == 200 and r.json()["queued"] is True and r.json()["accepted"] == 2
+
+    def applied() -> dict | None:  # type: ignore[type-arg]
+        d = client.get("/v1/jobs/j")
+        return d.json() if d.status_code == 200 and len(d.json()["ingest"]) == 2 else None
+
+    detail = wait_for(applied, timeout=15)
+    assert detail, client.get("/v1/replica").json()
+    assert detail["ingest"]["h0"]["accepted"] == 2 and detail["ingest"]["h1"]["accepted"] == 2
+    assert detail["ingest"]["h0"]["duplicates"] == 0  # the re-send never reached the owner
+    assert detail["detector"]["pending_collectives"] == 0  # joined across both hosts
