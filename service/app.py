@@ -17,6 +17,7 @@ from failslow.service import __version__
 from failslow.service.actions import service as actions_db
 from failslow.service.actions.router import router as actions_router
 from failslow.service.actions.scheduler import Mitigation
+from failslow.service.bus.client import Bus
 from failslow.service.context import AppContext
 from failslow.service.db import make_engine, make_sessionmaker, session_scope, upgrade
 from failslow.service.detection.engine import DetectionEngine
@@ -37,6 +38,8 @@ from failslow.service.ops.router import router as ops_router
 from failslow.service.plans.router import router as plans_router
 from failslow.service.probes.manager import ProbeManager
 from failslow.service.probes.router import router as probes_router
+from failslow.service.replica.context import Owned
+from failslow.service.replica.ownership import Ownership
 from failslow.service.settings import Settings
 from failslow.service.stream.registry import JobRegistry
 from failslow.service.stream.state import JobState
@@ -75,12 +78,27 @@ async def keep_lease(lease: Lease) -> None:
             log.exception("renewing the database lease failed")
 
 
+async def join_bus(ctx: AppContext) -> Ownership:
+    """Connect to NATS and take part in owning partitions (docs/replicas.md)."""
+    bus = Bus(ctx.settings.bus)
+    await bus.connect()
+    ownership = Ownership(
+        Owned(bus, ctx.settings.bus, ctx.sessions, ctx.jobs, ctx.detection, ctx.metrics,
+              ctx.settings.state)  # fmt: skip
+    )
+    ctx.jobs.holds = ownership.owns  # only the jobs of owned partitions stay in memory here
+    ctx.bus = bus
+    ctx.ownership = ownership
+    return ownership
+
+
 def build_context(settings: Settings) -> AppContext:
     engine = make_engine(settings.database_url)
     if settings.migrate_on_start:
         upgrade(engine)
     sessions = make_sessionmaker(engine)
-    lease = Lease(sessions, settings.lease_ttl_s) if settings.lease_ttl_s > 0 else None
+    single = settings.lease_ttl_s > 0 and not settings.bus.url  # with a bus, the bus decides
+    lease = Lease(sessions, settings.lease_ttl_s) if single else None
     if lease is not None:
         try:
             lease.acquire()
@@ -134,6 +152,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         tasks = [task, committer]
         if ctx.lease is not None:
             tasks.append(asyncio.create_task(keep_lease(ctx.lease), name="failslow-lease"))
+        ownership = await join_bus(ctx) if settings.bus.url else None
+        if ownership is not None:
+            tasks.append(asyncio.create_task(ownership.run(), name="failslow-ownership"))
         log.info("failslow %s ready (database %s)", __version__, ctx.engine.url.render_as_string())
         try:
             yield
@@ -142,6 +163,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 t.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
+            if ownership is not None:
+                await ownership.close()  # hand the partitions over with fresh snapshots
+                await ctx.bus.close()  # type: ignore[union-attr]
             if ctx.lease is not None and not ctx.lease.lost:
                 with contextlib.suppress(Exception):  # it expires anyway
                     await run_in_threadpool(ctx.lease.release)

@@ -6,6 +6,7 @@ from failslow.service.incidents.models import Incident
 from failslow.service.jobs.models import AgentStream, Comm, Host, Job, JobHistory, Rank, RankHistory
 from failslow.service.lease import ServiceLease
 from failslow.service.plans.models import JobWorkload, PlanVersion
+from failslow.service.replica.models import BusPartition, JobSnapshot
 
 __all__ = [
     "Action",
@@ -13,6 +14,8 @@ __all__ = [
     "JobWorkload",
     "PlanVersion",
     "AgentStream",
+    "BusPartition",
+    "JobSnapshot",
     "Base",
     "Comm",
     "Host",

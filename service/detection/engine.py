@@ -110,6 +110,14 @@ class DetectionEngine:
                     self._runtimes[job] = rt
         return rt
 
+    def existing(self, job: str) -> JobRuntime | None:
+        return self._runtimes.get(job)
+
+    def adopt(self, job: str, rt: JobRuntime) -> None:
+        """Resume ``job`` with detector state restored from a snapshot."""
+        with self._lock:
+            self._runtimes[job] = rt
+
     def forget(self, job: str) -> None:
         with self._lock:
             self._runtimes.pop(job, None)

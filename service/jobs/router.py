@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 
 from failslow.detectors.vocab import IncidentKind
 from failslow.service.context import AppContext, CtxDep, JobClientAuth, JobId, ReadAuth, SessionDep
-from failslow.service.errors import NotFound
+from failslow.service.errors import NotFound, NotOwner
 from failslow.service.incidents import service as incidents
 from failslow.service.incidents.schemas import IncidentFilter, IncidentOut
 from failslow.service.jobs import service as jobs_db
@@ -80,6 +80,9 @@ def _run_and_summarise(ctx: AppContext, job: str, *, flush: bool, mitigate: bool
     with ctx.sessions() as session:
         if jobs_db.get_job(session, job=job) is None:
             raise NotFound(f"no job {job!r}")
+    if ctx.ownership is not None and not ctx.ownership.owns(job):
+        raise NotOwner(f"job {job!r} is owned by another replica; GET /v1/replica on each "
+                       "replica names the partitions it owns")  # fmt: skip
     state = ctx.jobs.get_or_load(job)
     ctx.detection.run_job(state, flush=flush)
     if mitigate:

@@ -1,4 +1,4 @@
-"""``/healthz``, ``/readyz``, ``/metrics``."""
+"""``/healthz``, ``/readyz``, ``/metrics``, ``/v1/replica``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
 from failslow.service.auth import Role, check
-from failslow.service.context import CtxDep
+from failslow.service.context import CtxDep, ReadAuth
 from failslow.service.db import check_ready
 from failslow.service.errors import Unavailable
 
@@ -23,6 +23,8 @@ def healthz() -> dict[str, str]:
 async def readyz(ctx: CtxDep) -> dict[str, str]:
     if ctx.lease is not None and ctx.lease.lost:
         raise Unavailable(ctx.lease.lost)
+    if ctx.bus is not None and (ctx.bus.nc is None or not ctx.bus.nc.is_connected):
+        raise Unavailable("not connected to NATS")
     ok, reason = await run_in_threadpool(check_ready, ctx.engine)
     if not ok:
         raise Unavailable(reason)
@@ -35,3 +37,12 @@ async def metrics(request: Request, ctx: CtxDep) -> Response:
         check(request, ctx.settings.auth, Role.READ)
     body = await run_in_threadpool(generate_latest, ctx.metrics.registry)
     return Response(content=body, media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/replica", dependencies=[ReadAuth], summary="This replica and what it owns")
+async def replica(ctx: CtxDep) -> dict[str, object]:
+    """Without a bus: ``{"bus": false}``. With one: this replica's name and, per partition it
+    owns, the claim's epoch, the committed stream position and the jobs held (docs/replicas.md)."""
+    if ctx.ownership is None:
+        return {"bus": False}
+    return {"bus": True, **ctx.ownership.describe()}

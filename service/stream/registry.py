@@ -25,14 +25,35 @@ class JobRegistry:
         settings: StateSettings,
         load: Callable[[str], JobState | None],
         on_evict: Callable[[str], None] | None = None,
+        holds: Callable[[str], bool] | None = None,
     ) -> None:
         """``load(job)``: the job as persisted (None for a new one). ``on_evict(job)``: called
-        for every job that leaves memory, so that state kept elsewhere about it goes too."""
+        for every job that leaves memory, so that state kept elsewhere about it goes too.
+        ``holds(job)``: whether this process keeps the job (with a bus, only the jobs it owns;
+        another job read here is loaded for that read and not kept)."""
         self.settings = settings
         self.load = load
         self.on_evict = on_evict
+        self.holds = holds
         self._jobs: dict[str, JobState] = {}
         self._lock = threading.Lock()
+
+    def adopt(self, job: str, state: JobState) -> None:
+        """Hold ``state`` for ``job`` (a replica resuming a job from its snapshot)."""
+        with self._lock:
+            old = self._jobs.pop(job, None)
+            if old is None and len(self._jobs) >= self.settings.max_jobs:
+                self._evict_one()
+            self._jobs[job] = state
+        if old is not None:
+            self._evicted(job)
+
+    def drop(self, job: str) -> None:
+        """Forget ``job`` now, committed or not (its replica no longer owns it)."""
+        with self._lock:
+            gone = self._jobs.pop(job, None) is not None
+        if gone:
+            self._evicted(job)
 
     def get(self, job: str) -> JobState | None:
         return self._jobs.get(job)
@@ -42,6 +63,8 @@ class JobRegistry:
         state = self._jobs.get(job)
         if state is not None:
             return state
+        if self.holds is not None and not self.holds(job):
+            return self.load(job) or JobState(job, self.settings)
         with self._lock:
             state = self._jobs.get(job)
             if state is not None:

@@ -174,6 +174,11 @@ class JobState:
             self.new_data = True
         return result
 
+    def reject_whole(self, host: str, sent_ns: int, records: int) -> None:
+        """Count every record of an envelope that could not be applied at all (with a bus, its
+        owner did not know the topology it names) as rejected for its host."""
+        self._delta(host, sent_ns).rejected += records
+
     def _delta(self, host: str, sent_ns: int) -> HostDelta:
         delta = self.deltas.get(host)
         if delta is None:
