@@ -16,10 +16,7 @@ import asyncio
 import contextlib
 import gzip
 import json
-import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +27,7 @@ from typing import Any
 import orjson
 
 from failslow.harness.load.client import Connection, HttpError
+from failslow.harness.load.fleet import Fleet
 from failslow.harness.load.job import HostTemplate, JobLayout, host_name
 from failslow.wire import topology, v2
 
@@ -42,45 +40,14 @@ class Run:
     args: argparse.Namespace
     job: JobLayout
     hosts: list[HostTemplate]
-    url: str
+    url: str  # the first service: the poller reads it
+    urls: list[str] = field(default_factory=list)  # every service: connections spread over them
     t0_ns: int = 0
     records: int = 0
     envelopes: int = 0
     errors: list[str] = field(default_factory=list)
     polls: list[tuple[float, int | None]] = field(default_factory=list)  # (wall s, step)
     incidents: list[dict[str, Any]] = field(default_factory=list)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _proc_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def start_service(work: Path, port: int, log: Any) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "FAILSLOW_DATABASE_URL": f"sqlite:///{work}/failslow.db",
-        "FAILSLOW_ACTIONS__ENABLED": "false",
-        "PYTHONUNBUFFERED": "1",
-    }
-    return subprocess.Popen(
-        [sys.executable, "-m", "failslow.cli", "serve", "--port", str(port),
-         "--log-level", "warning"],
-        stdout=log, stderr=subprocess.STDOUT, env=env,
-    )  # fmt: skip
 
 
 async def _wait_ready(url: str, timeout_s: float = 60.0) -> None:
@@ -179,16 +146,20 @@ def _lags(run: Run) -> list[float]:
             for k, w in seen.items() if k >= warm]  # fmt: skip
 
 
-async def _main(run: Run, service_pid: int | None) -> dict[str, Any]:
-    await _wait_ready(run.url)
-    conns = [await Connection(run.url, run.args.token).open()
-             for _ in range(max(1, min(run.args.connections, len(run.hosts))))]  # fmt: skip
+async def _main(run: Run, fleet: Fleet | None) -> dict[str, Any]:
+    for url in run.urls:
+        await _wait_ready(url)
+    if fleet is not None:
+        await asyncio.to_thread(fleet.wait_owned)
+    n = max(1, min(run.args.connections, len(run.hosts)))
+    conns = [await Connection(run.urls[i % len(run.urls)], run.args.token).open()
+             for i in range(n)]  # fmt: skip
     print(f"registering {len(run.hosts)} hosts ...", file=sys.stderr, flush=True)
     t = time.monotonic()
     await _register(run, conns)
     print(f"registered in {time.monotonic() - t:.1f} s", file=sys.stderr, flush=True)
     digests = [topology.digest(h.registration["ranks"], h.registration["comms"]) for h in run.hosts]
-    cpu0 = _proc_cpu_s(service_pid) if service_pid else None
+    cpu0 = fleet.cpu_s() if fleet is not None else None
     own0 = time.process_time()
     run.t0_ns = time.time_ns() + 1_000_000_000
     stop = asyncio.Event()
@@ -197,7 +168,10 @@ async def _main(run: Run, service_pid: int | None) -> dict[str, Any]:
     await _send(run, conns, digests)
     sending_s = time.monotonic() - started
     await asyncio.sleep(2.5 * run.job.step_ns / 1e9 + 1.0)  # the last frames close
-    cpu = _proc_cpu_s(service_pid) - cpu0 if service_pid and cpu0 is not None else None
+    cpu_by = None
+    if fleet is not None and cpu0 is not None:
+        cpu_by = {k: round(v - cpu0[k], 2) for k, v in fleet.cpu_s().items()}
+    cpu = sum(cpu_by.values()) if cpu_by is not None else None
     own = time.process_time() - own0
     stop.set()
     await poller
@@ -205,6 +179,7 @@ async def _main(run: Run, service_pid: int | None) -> dict[str, Any]:
         await c.close()
     lags = _lags(run)
     out: dict[str, Any] = {
+        "replicas": len(run.urls),
         "ranks": run.job.ranks,
         "hosts": len(run.hosts),
         "step_time_s": run.job.step_ns / 1e9,
@@ -223,7 +198,9 @@ async def _main(run: Run, service_pid: int | None) -> dict[str, Any]:
     if cpu is not None:
         out["service_cpu_s"] = round(cpu, 2)
         out["service_cpu_us_per_record"] = round(cpu / max(run.records, 1) * 1e6, 3)
-        out["rss_mib"] = round(_proc_rss_mib(service_pid), 1)  # type: ignore[arg-type]
+        if cpu_by is not None and len(cpu_by) > 1:
+            out["service_cpu_s_by_process"] = cpu_by
+        out["rss_mib"] = round(fleet.rss_mib(), 1)  # type: ignore[union-attr]
         out["rss_kib_per_rank"] = round(out["rss_mib"] * 1024 / run.job.ranks, 2)
     if run.job.slow is not None:
         hits = [i for i in run.incidents
@@ -248,26 +225,25 @@ def main(args: argparse.Namespace) -> int:
                     late_ns=int(args.step_time * 1e9 * 0.025))  # fmt: skip
     print(f"building {job.hosts} host templates ...", file=sys.stderr, flush=True)
     hosts = [HostTemplate(job, h) for h in range(job.hosts)]
-    proc = None
+    fleet = None
     with tempfile.TemporaryDirectory(prefix="failslow-e2e-") as tmp, \
             open(Path(tmp) / "service.log", "wb") as log:  # fmt: skip
-        url = args.service
-        if url is None:
-            port = _free_port()
-            url = f"http://127.0.0.1:{port}"
-            proc = start_service(Path(tmp), port, log)
-        run = Run(args, job, hosts, url.rstrip("/"))
+        if args.service:
+            urls = [u.strip().rstrip("/") for u in args.service.split(",") if u.strip()]
+        else:
+            fleet = Fleet(Path(tmp), log, replicas=args.replicas)
+            urls = fleet.start()
+        run = Run(args, job, hosts, urls[0], urls)
         try:
-            out = asyncio.run(_main(run, proc.pid if proc else None))
+            out = asyncio.run(_main(run, fleet))
         except Exception:
-            if proc is not None:  # what the service said is the first thing to read
+            if fleet is not None:  # what the service said is the first thing to read
                 tail = (Path(tmp) / "service.log").read_bytes()[-4000:].decode(errors="replace")
                 print(f"--- service log (last 4 KB) ---\n{tail}", file=sys.stderr)
             raise
         finally:
-            if proc is not None:
-                proc.terminate()
-                proc.wait(timeout=30)
+            if fleet is not None:
+                fleet.stop()
     text = json.dumps(out, indent=2)
     print(text)
     if args.json:
@@ -283,7 +259,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--step-time", type=float, default=1.0, help="seconds per training step")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--fault", choices=["slow_gpu"], help="a GPU 1.5x slower from step K/2")
-    p.add_argument("--service", help="use this service instead of starting one")
+    p.add_argument(
+        "--service",
+        help="use this service instead of starting one (several: comma-separated URLs, the "
+        "connections spread over them, as replicas behind a load balancer)",
+    )
+    p.add_argument(
+        "--replicas", type=int, default=1,
+        help="start this many services sharing the job through a NATS JetStream server "
+        "(docs/replicas.md; needs nats-server); 1: one embedded service, no bus",
+    )  # fmt: skip
     p.add_argument("--token", help="bearer token for --service (ingest and read)")
     p.add_argument(
         "--connections", type=int, default=256,

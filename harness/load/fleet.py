@@ -1,0 +1,128 @@
+"""The service processes a benchmark drives: one embedded service (the default), or ``replicas``
+services sharing one job's traffic through a NATS JetStream server they start with
+(docs/replicas.md). Their CPU and memory are read from /proc, summed over every process."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def proc_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def nats_server() -> str | None:
+    beside = Path(sys.executable).parent / "nats-server"
+    return str(beside) if beside.exists() else shutil.which("nats-server")
+
+
+class Fleet:
+    def __init__(self, work: Path, log: Any, *, replicas: int = 1, partitions: int = 8) -> None:
+        self.work, self.log, self.replicas, self.partitions = work, log, replicas, partitions
+        self.services: list[subprocess.Popen[bytes]] = []
+        self.nats: subprocess.Popen[bytes] | None = None
+        self.urls: list[str] = []
+
+    @property
+    def pids(self) -> dict[str, int]:
+        out = {f"service{i}": p.pid for i, p in enumerate(self.services)}
+        if self.nats is not None:
+            out["nats"] = self.nats.pid
+        return out
+
+    def start(self) -> list[str]:
+        env = {**os.environ, "FAILSLOW_DATABASE_URL": f"sqlite:///{self.work}/failslow.db",
+               "FAILSLOW_ACTIONS__ENABLED": "false", "PYTHONUNBUFFERED": "1"}  # fmt: skip
+        if self.replicas > 1:
+            exe = nats_server()
+            if exe is None:
+                raise RuntimeError(
+                    "--replicas needs nats-server (pip install 'failslow[nats-server]' or "
+                    "apt-get install nats-server)"
+                )
+            port = free_port()
+            self.nats = subprocess.Popen(
+                [exe, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(self.work / "nats")],
+                stdout=self.log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+            env |= {"FAILSLOW_BUS__URL": f"nats://127.0.0.1:{port}",
+                    "FAILSLOW_BUS__PARTITIONS": str(self.partitions)}  # fmt: skip
+            self._wait_port(port)
+        for _ in range(self.replicas):
+            port = free_port()
+            self.services.append(subprocess.Popen(
+                [sys.executable, "-m", "failslow.cli", "serve", "--port", str(port),
+                 "--log-level", "warning"],
+                stdout=self.log, stderr=subprocess.STDOUT, env=env,
+            ))  # fmt: skip
+            self.urls.append(f"http://127.0.0.1:{port}")
+        return self.urls
+
+    def _wait_port(self, port: int) -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("nats-server did not start")
+
+    def wait_owned(self, timeout_s: float = 60.0) -> None:
+        """With replicas: until every partition is owned and ready somewhere."""
+        if self.replicas <= 1:
+            return
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            owned = 0
+            for url in self.urls:
+                try:
+                    parts = httpx.get(f"{url}/v1/replica", timeout=2).json()["owned"]
+                    owned += sum(1 for p in parts.values() if p["ready"])
+                except (httpx.HTTPError, KeyError, ValueError):
+                    pass
+            if owned == self.partitions:
+                return
+            time.sleep(0.3)
+        raise RuntimeError("the replicas did not take up every partition")
+
+    def cpu_s(self) -> dict[str, float]:
+        return {name: proc_cpu_s(pid) for name, pid in self.pids.items()}
+
+    def rss_mib(self) -> float:
+        return sum(proc_rss_mib(pid) for pid in self.pids.values())
+
+    def stop(self) -> None:
+        for p in self.services:
+            p.terminate()
+        for p in self.services:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        if self.nats is not None:
+            self.nats.kill()
+            self.nats.wait()
