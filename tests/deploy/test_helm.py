@@ -19,8 +19,9 @@ CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "failslow"
 TOKENS = [
     "--set",
     "tokens.values.ingest=ingest-token,tokens.values.read=read-token,"
-    "tokens.values.operator=operator-token",
+    "tokens.values.operator=operator-token,postgresql.password=pg-password",
 ]
+BACKING = ("nats", "postgresql")  # components that are not failslow itself
 
 helm = shutil.which("helm") or str(Path(sys.executable).with_name("helm"))
 pytestmark = pytest.mark.skipif(
@@ -33,10 +34,18 @@ def _helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run([helm, *args], capture_output=True, text=True, timeout=60, check=check)
 
 
-def render(*extra: str) -> dict[str, dict]:
+def render_all(*extra: str) -> list[dict]:  # type: ignore[type-arg]
     out = _helm("template", "fs", str(CHART), "--namespace", "ops", *TOKENS, *extra).stdout
-    docs = [d for d in yaml.safe_load_all(out) if d]
-    return {d["kind"]: d for d in docs}
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def _component(d: dict) -> str | None:  # type: ignore[type-arg]
+    return d["metadata"].get("labels", {}).get("app.kubernetes.io/component")
+
+
+def render(*extra: str) -> dict[str, dict]:
+    """failslow's own objects (not NATS's or PostgreSQL's), by kind."""
+    return {d["kind"]: d for d in render_all(*extra) if _component(d) not in BACKING}
 
 
 def test_lint_strict() -> None:
@@ -68,16 +77,16 @@ def test_renders_every_object_and_core_ones_are_schema_valid(tmp_path: Path) -> 
 
 def test_objects_fit_together() -> None:
     objs = render()
-    dep, svc, ds, sec = objs["Deployment"], objs["Service"], objs["DaemonSet"], objs["Secret"]
+    dep, svc, ds = objs["Deployment"], objs["Service"], objs["DaemonSet"]
+    secrets = {d["metadata"]["name"]: d for d in render_all() if d["kind"] == "Secret"}
     for workload in (dep, ds):
         pod_labels = workload["spec"]["template"]["metadata"]["labels"]
         assert workload["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
         for c in workload["spec"]["template"]["spec"]["containers"]:
             for env in c.get("env", []):
                 ref = env.get("valueFrom", {}).get("secretKeyRef")
-                if ref:
-                    assert ref["name"] == sec["metadata"]["name"]
-                    assert ref["key"] in sec["stringData"], ref
+                if ref:  # the tokens' Secret, or PostgreSQL's password
+                    assert ref["key"] in secrets[ref["name"]]["stringData"], ref
     # the Service reaches the service pods, on a port the container declares
     dep_pod = dep["spec"]["template"]
     assert svc["spec"]["selector"].items() <= dep_pod["metadata"]["labels"].items()
@@ -116,6 +125,52 @@ def test_values_switch_objects_off_and_use_an_existing_secret() -> None:
         e["valueFrom"]["secretKeyRef"]["name"]
         for c in objs["Deployment"]["spec"]["template"]["spec"]["containers"]
         for e in c.get("env", [])
-        if "secretKeyRef" in e.get("valueFrom", {})
+        if "secretKeyRef" in e.get("valueFrom", {}) and e["name"].startswith("FAILSLOW_AUTH")
     ]
     assert refs and set(refs) == {"my-tokens"}
+
+
+def test_replicas_share_a_nats_cluster_and_postgresql() -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    docs = render_all()
+    by = {(d["kind"], _component(d)): d for d in docs}
+    for d in docs:
+        if d["kind"] in ("Secret", "Service", "Deployment", "DaemonSet", "StatefulSet"):
+            kubernetes_validate.validate(d, "1.30.0", strict=True)
+    dep = by[("Deployment", "service")]
+    assert dep["spec"]["replicas"] >= 2 and dep["spec"]["strategy"]["type"] == "RollingUpdate"
+    env = {e["name"]: e for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    nats_svc, nats = by[("Service", "nats")], by[("StatefulSet", "nats")]
+    pg_svc, pg, pg_secret = (by[("Service", "postgresql")], by[("StatefulSet", "postgresql")],
+                             by[("Secret", "postgresql")])  # fmt: skip
+    assert env["FAILSLOW_BUS__URL"]["value"] == f"nats://{nats_svc['metadata']['name']}:4222"
+    assert env["FAILSLOW_BUS__STREAM_REPLICAS"]["value"] == "3"
+    assert f"@{pg_svc['metadata']['name']}/" in env["FAILSLOW_DATABASE_URL"]["value"]
+    assert env["FAILSLOW_PG_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+        "name": pg_secret["metadata"]["name"], "key": "password"}  # fmt: skip
+    # a 3-node JetStream cluster: each node routes to every pod by its stable DNS name
+    assert nats["spec"]["replicas"] == 3 and nats_svc["spec"]["clusterIP"] == "None"
+    assert nats["spec"]["serviceName"] == nats_svc["metadata"]["name"]
+    args = nats["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "-js" in args and args[args.index("--cluster_name") + 1]
+    routes = args[args.index("--routes") + 1].split(",")
+    name = nats["metadata"]["name"]
+    assert routes == [f"nats://{name}-{i}.{name}.ops.svc:6222" for i in range(3)]
+    for svc, workload in ((nats_svc, nats), (pg_svc, pg)):
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        assert svc["spec"]["selector"].items() <= labels.items()
+        assert workload["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+def test_replicas_without_a_bus_or_a_shared_database_are_refused() -> None:
+    res = _helm("template", "fs", str(CHART), *TOKENS, "--set", "nats.enabled=false", check=False)
+    assert res.returncode != 0 and "needs the bus" in res.stderr
+    res = _helm("template", "fs", str(CHART), *TOKENS, "--set", "postgresql.enabled=false",
+                check=False)  # fmt: skip
+    assert res.returncode != 0 and "shared database" in res.stderr
+    single = render("--set", "nats.enabled=false,postgresql.enabled=false,service.replicas=1")
+    dep = single["Deployment"]
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["FAILSLOW_DATABASE_URL"].startswith("sqlite:") and "FAILSLOW_BUS__URL" not in env

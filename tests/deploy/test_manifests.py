@@ -22,7 +22,9 @@ DEPLOY = ROOT / "deploy"
 def test_compose_parses_and_mounts_existing_files() -> None:
     path = DEPLOY / "docker" / "compose.yml"
     doc = yaml.safe_load(path.read_text())
-    assert set(doc["services"]) == {"postgres", "failslow", "prometheus", "grafana"}
+    assert set(doc["services"]) == {
+        "postgres", "nats", "failslow", "failslow-2", "prometheus", "grafana"
+    }
     for name, svc in doc["services"].items():
         assert "image" in svc or "build" in svc, name
         for vol in svc.get("volumes", []):
@@ -31,8 +33,10 @@ def test_compose_parses_and_mounts_existing_files() -> None:
                 assert (path.parent / src).resolve().exists(), (name, src)
     build = (path.parent / doc["services"]["failslow"]["build"]["context"]).resolve()
     assert (build / "Dockerfile").exists()
-    env = doc["services"]["failslow"]["environment"]
-    assert env["FAILSLOW_DATABASE_URL"].startswith("postgresql+psycopg://")
+    for replica in ("failslow", "failslow-2"):  # two replicas on one database and one bus
+        env = doc["services"][replica]["environment"]
+        assert env["FAILSLOW_DATABASE_URL"].startswith("postgresql+psycopg://")
+        assert env["FAILSLOW_BUS__URL"] == "nats://nats:4222"
 
 
 def _keys(d: object, prefix: str = "") -> set[str]:
@@ -58,7 +62,8 @@ def test_helm_templates_use_only_defined_values() -> None:
         for m in re.findall(r"^kind: (\w+)", t.read_text(), flags=re.M)
     }
     assert kinds == {
-        "Deployment", "DaemonSet", "Service", "ServiceMonitor", "PrometheusRule", "Secret"
+        "Deployment", "DaemonSet", "Service", "ServiceMonitor", "PrometheusRule", "Secret",
+        "StatefulSet",
     }  # fmt: skip
     rules = chart / "files" / "failslow-rules.yml"
     assert rules.read_text() == (DEPLOY / "prometheus" / "failslow-rules.yml").read_text()
@@ -112,9 +117,11 @@ def test_docker_compose_accepts_the_compose_file() -> None:
     )  # fmt: skip
     assert p.returncode == 0, p.stderr
     rendered = yaml.safe_load(p.stdout)
-    assert (
-        rendered["services"]["failslow"]["environment"]["FAILSLOW_AUTH__INGEST_TOKENS"] == "t0ken"
-    )
+    for replica in ("failslow", "failslow-2"):
+        env = rendered["services"][replica]["environment"]
+        assert env["FAILSLOW_AUTH__INGEST_TOKENS"] == "t0ken"
+        assert env["FAILSLOW_BUS__URL"] == "nats://nats:4222"
+    assert rendered["services"]["nats"]["entrypoint"] == ["/nats-server"]
     p = subprocess.run(
         ["docker-compose", "-f", str(path), "config"],
         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, check=False,

@@ -67,7 +67,7 @@ def test_prometheus_scrapes_alerts_and_answers_every_dashboard_query(tmp_path: P
     cfg = tmp_path / "prometheus.yml"
     shipped = (ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text()
     cfg.write_text(
-        shipped.replace("failslow:8000", f"127.0.0.1:{port}")
+        shipped.replace("'failslow:8000', 'failslow-2:8000'", f"'127.0.0.1:{port}'")
         .replace(
             "/etc/prometheus/failslow-rules.yml",
             str(ROOT / "deploy" / "prometheus" / "failslow-rules.yml"),
