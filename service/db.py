@@ -35,6 +35,10 @@ def make_engine(url: str) -> Engine:
         kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
     else:
         kwargs["pool_pre_ping"] = True
+        if parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() == "psycopg":
+            # psycopg hands bytes instead of text to a SQL_ASCII database (initdb's default
+            # without a UTF-8 locale), which SQLAlchemy cannot read: ask for UTF-8 always
+            kwargs["connect_args"] = {"client_encoding": "utf8"}
     engine = create_engine(url, **kwargs)  # type: ignore[arg-type]
     if parsed.get_backend_name() == "sqlite":
 
