@@ -92,22 +92,26 @@ class Fleet:
         raise RuntimeError("nats-server did not start")
 
     def wait_owned(self, timeout_s: float = 60.0) -> None:
-        """With replicas: until every partition is owned and ready somewhere."""
+        """With replicas: until every partition is owned and ready somewhere and the replicas
+        have balanced them (each owns at least its share), so that no partition moves during
+        the measurement."""
         if self.replicas <= 1:
             return
         deadline = time.monotonic() + timeout_s
+        counts: list[int] = []
         while time.monotonic() < deadline:
-            owned = 0
+            counts = []
             for url in self.urls:
                 try:
                     parts = httpx.get(f"{url}/v1/replica", timeout=2).json()["owned"]
-                    owned += sum(1 for p in parts.values() if p["ready"])
+                    counts.append(sum(1 for p in parts.values() if p["ready"]))
                 except (httpx.HTTPError, KeyError, ValueError):
-                    pass
-            if owned == self.partitions:
+                    counts.append(0)
+            share = self.partitions // self.replicas
+            if sum(counts) == self.partitions and min(counts) >= share:
                 return
             time.sleep(0.3)
-        raise RuntimeError("the replicas did not take up every partition")
+        raise RuntimeError(f"the replicas did not take up every partition: {counts}")
 
     def cpu_s(self) -> dict[str, float]:
         return {name: proc_cpu_s(pid) for name, pid in self.pids.items()}

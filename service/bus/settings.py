@@ -46,8 +46,14 @@ class BusSettings(BaseModel):
         "with its stream position; a new owner restores it and replays only what came after.",
     )  # fmt: skip
     fetch_batch: int = Field(
-        default=256, ge=1, description="Envelopes an owner takes from the stream at once."
+        default=1024, ge=1, description="Envelopes an owner takes from the stream at once."
     )
+    commit_interval_s: float = Field(
+        default=0.5, ge=0, le=10,
+        description="Least time between two commits of an owned partition: what was applied "
+        "meanwhile is written by one transaction (answers do not wait for it: the stream holds "
+        "the batches; a new owner replays what was not committed).",
+    )  # fmt: skip
     replica_id: str | None = Field(
         default=None, description="This replica's name (default host:pid:random)."
     )

@@ -98,6 +98,7 @@ class PartitionWorker:
         )
         self.ready = True
         self.next_snapshot = time.monotonic() + self.o.bus_settings.snapshot_every_s
+        committed = time.monotonic()
         try:
             while True:
                 try:
@@ -112,7 +113,10 @@ class PartitionWorker:
                     if msgs:
                         await asyncio.to_thread(self.apply, msgs)
                         self.last_msg = msgs[-1]
-                    await self.commit(all_due=time.monotonic() >= self.next_snapshot)
+                    now = time.monotonic()
+                    if now - committed >= self.o.bus_settings.commit_interval_s:
+                        await self.commit(all_due=now >= self.next_snapshot)
+                        committed = now
         finally:
             self.ready = False
             await sub.unsubscribe()
