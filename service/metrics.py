@@ -80,10 +80,16 @@ class Metrics:
             "failslow_incidents_resolved_total", "Incidents resolved.", ["kind"], registry=r
         )
 
-        self.bus_lost = Counter(
-            "failslow_bus_lost_total",
-            "Envelopes of a partition this replica owns that were never applied (expired from "
-            "the stream before their turn, or failed to apply).",
+        self.bus_failed = Counter(
+            "failslow_bus_failed_total",
+            "Envelopes of a partition this replica owns that failed to apply (logged).",
+            registry=r,
+        )
+        self.bus_expired = Counter(
+            "failslow_bus_expired_total",
+            "Stream sequences an owner resuming a partition needed but the stream had already "
+            "dropped (max_age_s): an upper bound of the envelopes lost, every partition's "
+            "messages in that range counted.",
             registry=r,
         )
         self.bus_partitions = Gauge(

@@ -28,7 +28,7 @@ class BusSettings(BaseModel):
     max_age_s: float = Field(
         default=3600.0, gt=0,
         description="How long the stream keeps envelopes. A partition whose owner falls this "
-        "far behind loses what expired (counted in failslow_bus_lost_total).",
+        "far behind loses what expired (counted in failslow_bus_expired_total).",
     )  # fmt: skip
     duplicate_window_s: float = Field(
         default=120.0, gt=0,

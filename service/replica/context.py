@@ -24,6 +24,10 @@ class Owned:
     metrics: Metrics
     state_settings: StateSettings
 
-    def lost(self, messages: int) -> None:
-        """Messages of an owned partition that were never applied."""
-        self.metrics.bus_lost.inc(messages)
+    def failed(self, messages: int) -> None:
+        """Messages of an owned partition that failed to apply."""
+        self.metrics.bus_failed.inc(messages)
+
+    def expired(self, sequences: int) -> None:
+        """Stream sequences needed on resuming that the stream no longer holds."""
+        self.metrics.bus_expired.inc(sequences)
