@@ -12,18 +12,16 @@ from fastapi import APIRouter, Path, Request, Response
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
-from failslow.service.bus.client import Bus, BusUnavailable, MessageKind
 from failslow.service.context import AppContext, CtxDep, IngestAuth, JobId
 from failslow.service.errors import (
     InvalidEnvelope,
     InvalidTopology,
-    Unavailable,
     UnknownTopology,
 )
 from failslow.service.ids import IDENTIFIER, is_identifier
 from failslow.service.ingest.admission import admit
 from failslow.service.ingest.decode import read_body, read_json_bytes
-from failslow.service.ingest.handoff import publish
+from failslow.service.ingest.handoff import publish_registration, publish_v2
 from failslow.service.ingest.schemas import CommIn, IngestResult, RankIn
 from failslow.service.ingest.service import apply, job_state
 from failslow.service.stream import columnar
@@ -128,9 +126,7 @@ async def register_topology(
     if bus is None:
         await ctx.committer.committed(state)
     else:
-        await publish(bus, MessageKind.TOPOLOGY, raw, job=job, host=host, agent=None,
-                      batch_seq=None, records=0)  # fmt: skip
-        await _remember(bus, job, host, ht.digest)
+        await publish_registration(bus, raw, job=job, host=host, digest=ht.digest)
     return TopologyOut(digest=ht.digest, ranks=int(ht.ranks.size), comms=int(ht.comm_index.size))
 
 
@@ -167,10 +163,10 @@ async def handle_v2(request: Request, ctx: AppContext) -> Response:
         except v2.FormatError as exc:
             raise InvalidEnvelope(str(exc)) from None
         _check_header(header)
-        if ctx.bus is not None:
-            return None, await _publish_v2(ctx.bus, header, body)
-        state = job_state(ctx.jobs, header["job"])
         try:
+            if ctx.bus is not None:
+                return None, await publish_v2(ctx.bus, header, body)
+            state = job_state(ctx.jobs, header["job"])
             # whole-array work of a few hundred microseconds: no thread hop
             return state, apply(state, lambda s: columnar.apply_v2(s, header, cols))
         except columnar.UnknownTopology as exc:
@@ -184,32 +180,6 @@ async def handle_v2(request: Request, ctx: AppContext) -> Response:
     if ctx.bus is not None:
         answer["queued"] = True
     return Response(orjson.dumps(answer), media_type="application/json")
-
-
-async def _remember(bus: Bus, job: str, host: str, digest: str) -> None:
-    try:
-        await bus.remember_topology(job, host, digest)
-    except BusUnavailable as exc:
-        raise Unavailable(str(exc), headers={"Retry-After": "2"}) from None
-
-
-async def _publish_v2(bus: Bus, header: dict[str, Any], body: bytes) -> ApplyResult:
-    """With a bus: a digest no replica registered is 409 here, as without one."""
-    job, host, digest = header["job"], header["host"], header["topology"]
-    try:
-        known = await bus.knows_topology(job, host, digest)
-    except BusUnavailable as exc:
-        raise Unavailable(str(exc), headers={"Retry-After": "2"}) from None
-    if not known:
-        raise UnknownTopology(
-            f"host {host} has no registered topology {digest!r}; register it again",
-            errors=[{"loc": "header.topology", "msg": digest}],
-        )
-    return await publish(
-        bus, MessageKind.V2, body, job=job, host=host, agent=header.get("agent"),
-        batch_seq=header.get("batch_seq"),
-        records=int(header.get("collectives", 0)) + int(header.get("steps", 0)),
-    )  # fmt: skip
 
 
 __all__ = ["CommIn", "RankIn", "TopologyIn", "router"]
