@@ -176,16 +176,12 @@ class PartitionWorker:
             state = o.jobs.get(job)
             if state is None:
                 continue
-            rt = o.detection.existing(job)
             due = all_due or job not in self.snapped
-            if rt is not None and due:
-                with rt.lock, state.lock:
-                    u = take_uncommitted(state)
-                    body = snapshot.dumps(state, rt)
-            else:
-                with state.lock:
-                    u = take_uncommitted(state)
-                    body = snapshot.dumps(state, None) if due else None
+            rt = o.detection.existing(job) if due else None
+            # a snapshot takes both locks, in detection's order, so that the two agree
+            with rt.lock if rt is not None else contextlib.nullcontext(), state.lock:
+                u = take_uncommitted(state)
+                body = snapshot.dumps(state, rt) if due else None
             taken.append((state, store.JobCommit(u, self.partition, seq, body)))
         try:
             with session_scope(o.sessions) as s:
