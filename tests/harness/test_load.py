@@ -45,12 +45,17 @@ def test_templates_join_into_complete_collectives() -> None:
     assert 26 <= total / (2 * job.ranks) <= 34  # about 30 records per rank and step
 
 
-def test_a_small_run_through_a_real_service(tmp_path: Path) -> None:
+def _small_run(tmp_path: Path, replicas: int) -> dict:  # type: ignore[type-arg]
+    """``bench e2e`` of 64 ranks, 8 steps of 0.3 s, on services it starts; its JSON."""
     args = argparse.Namespace(ranks=64, step_time=0.3, steps=8, fault=None, service=None,
-                              token=None, connections=4, gzip=True, replicas=1,
+                              token=None, connections=4, gzip=True, replicas=replicas,
                               json=str(tmp_path / "out.json"))  # fmt: skip
     assert e2e.main(args) == 0
-    out = json.loads((tmp_path / "out.json").read_text())
+    return json.loads((tmp_path / "out.json").read_text())  # type: ignore[no-any-return]
+
+
+def test_a_small_run_through_a_real_service(tmp_path: Path) -> None:
+    out = _small_run(tmp_path, replicas=1)
     per_step = sum(HostTemplate(JobLayout(64, 300_000_000), h).records for h in range(8))
     assert out["errors"] == 0 and out["records"] == 8 * per_step
     assert out["envelopes"] == 8 * 8 and out["frames_timed"] >= 3
@@ -65,11 +70,7 @@ def test_two_replicas_on_a_bus_share_one_job(tmp_path: Path) -> None:
 
     if nats_server() is None:
         pytest.skip("no nats-server (pip install 'failslow[nats-server]')")
-    args = argparse.Namespace(ranks=64, step_time=0.3, steps=8, fault=None, service=None,
-                              token=None, connections=4, gzip=True, replicas=2,
-                              json=str(tmp_path / "out.json"))  # fmt: skip
-    assert e2e.main(args) == 0
-    out = json.loads((tmp_path / "out.json").read_text())
+    out = _small_run(tmp_path, replicas=2)
     per_step = sum(HostTemplate(JobLayout(64, 300_000_000), h).records for h in range(8))
     assert out["replicas"] == 2 and out["errors"] == 0 and out["records"] == 8 * per_step
     assert set(out["service_cpu_s_by_process"]) == {"service0", "service1", "nats"}

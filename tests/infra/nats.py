@@ -8,19 +8,13 @@ import contextlib
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
-def binary() -> str | None:
-    beside = Path(sys.executable).parent / "nats-server"
-    if beside.exists():
-        return str(beside)
-    return shutil.which("nats-server")
+from failslow.harness.load.fleet import nats_server as binary
 
 
 def unavailable() -> str | None:
