@@ -72,7 +72,7 @@ class Fleet:
             env |= {"FAILSLOW_BUS__URL": f"nats://127.0.0.1:{port}",
                     "FAILSLOW_BUS__PARTITIONS": str(self.partitions)}  # fmt: skip
             self._wait_port(port)
-        for _ in range(self.replicas):
+        for i in range(self.replicas):
             port = free_port()
             self.services.append(subprocess.Popen(
                 [sys.executable, "-m", "failslow.cli", "serve", "--port", str(port),
@@ -80,7 +80,22 @@ class Fleet:
                 stdout=self.log, stderr=subprocess.STDOUT, env=env,
             ))  # fmt: skip
             self.urls.append(f"http://127.0.0.1:{port}")
+            if i == 0 and self.replicas > 1:  # it migrates the database; the others wait
+                self._wait_ready(self.urls[0])
         return self.urls
+
+    def _wait_ready(self, url: str, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.services[0].poll() is not None:
+                raise RuntimeError("the first service exited")
+            try:
+                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"the service at {url} is not ready after {timeout_s:.0f} s")
 
     def _wait_port(self, port: int) -> None:
         deadline = time.monotonic() + 20
