@@ -222,7 +222,13 @@ class NodeAgent(Shipping):
     # -- threads -------------------------------------------------------------------------------
     def _sender_loop(self) -> None:
         while not self._stop.is_set():
-            outcome = self.deliver_once()
+            try:
+                outcome = self.deliver_once()
+            except Exception as exc:  # a bug in delivery must not end delivery for good
+                self.stats.last_error = f"delivery failed: {exc!r}"
+                log.exception("delivering an envelope failed; retrying")
+                self._stop.wait(1.0)
+                continue
             if outcome == "empty":
                 if time.monotonic() - self._last_post >= self.heartbeat_s:
                     self.heartbeat()

@@ -24,7 +24,9 @@ class Backoff:
     rng: random.Random | None = None
 
     def next(self) -> float:
-        ceiling = min(self.cap_s, self.base_s * (2**self.attempt))
+        # The exponent stops growing once the cap is reached: 2**n as a float overflows after
+        # ~1,024 attempts (hours of outage at a 30 s cap), which killed the sender thread.
+        ceiling = min(self.cap_s, self.base_s * 2.0 ** min(self.attempt, 60))
         self.attempt += 1
         return (self.rng or random).uniform(0, ceiling)
 

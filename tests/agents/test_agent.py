@@ -111,7 +111,8 @@ def test_service_outage_loses_nothing(tmp_path: Path, settings_: Settings) -> No
     feed(rec, 1500)
     assert rec.flush()
     assert wait_for(lambda: agent.stats.records_sealed == 3000)
-    assert len(agent.outbox) >= 1 and agent.stats.retries >= 1  # spooled while nobody listens
+    assert len(agent.outbox) >= 1  # spooled while nobody listens
+    assert wait_for(lambda: agent.stats.retries >= 1)  # and retried
     with live_service(settings_, port=port):
         assert wait_for(lambda: len(agent.outbox) == 0)
         assert accepted_on_service(url) == 3000

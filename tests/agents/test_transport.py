@@ -21,6 +21,15 @@ def test_full_jitter_backoff_is_bounded_and_grows() -> None:
     assert b.attempt == 0
 
 
+def test_backoff_keeps_working_after_thousands_of_failures() -> None:
+    # An outage of hours is thousands of attempts; 2**1024 overflowed a float and killed the
+    # agent's sender thread (seen in CI: test_demo_fast).
+    b = Backoff(base_s=0.25, cap_s=0.3, rng=random.Random(2))
+    waits = [b.next() for _ in range(5000)]
+    assert all(0 <= w <= 0.3 for w in waits)
+    assert b.attempt == 5000
+
+
 def test_retry_after_parsing() -> None:
     assert retry_after("7") == 7.0
     assert retry_after("9999") == 300.0
