@@ -19,6 +19,18 @@ from failslow.service.settings import Settings
 from tests.live import free_port, live_service, wait_for
 
 JOB = "agent-job"
+_made: list[NodeAgent] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_agent_outlives_its_test() -> Iterator[None]:
+    # A test that fails before agent.stop() left its sender retrying for the rest of the suite.
+    yield
+    while _made:
+        agent = _made.pop()
+        agent._stop.set()
+        for t in agent._threads:
+            t.join(timeout=3.0)
 
 
 def make_agent(tmp_path: Path, url: str, **kw: object) -> NodeAgent:
@@ -34,7 +46,9 @@ def make_agent(tmp_path: Path, url: str, **kw: object) -> NodeAgent:
         backoff_cap_s=0.3,
     )
     args.update(kw)
-    return NodeAgent(**args)  # type: ignore[arg-type]
+    agent = NodeAgent(**args)  # type: ignore[arg-type]
+    _made.append(agent)
+    return agent
 
 
 def feed(rec: Recorder, n: int, *, first: int = 0) -> None:
