@@ -78,8 +78,12 @@ async def _register(run: Run, conns: list[Connection]) -> None:
     await asyncio.gather(*(worker(i) for i in range(len(conns))))
 
 
-def _header(run: Run, h: int, step: int, digest: str) -> dict[str, Any]:
-    return {"job": JOB, "host": host_name(h), "sent_ns": time.time_ns(),
+def _header(run: Run, h: int, step: int, digest: str, sealed_ns: int) -> dict[str, Any]:
+    # sent_ns is when the batch was sealed, as a real agent stamps it (agents/agent.py seal):
+    # an envelope waiting in a backlog does not claim a later "now" than its records. Stamping it
+    # at send time made the job's event time run ahead of its data whenever the service fell
+    # behind, closing frames before their records came and showing collectives as blocked.
+    return {"job": JOB, "host": host_name(h), "sent_ns": sealed_ns,
             "agent": f"{host_name(h)}-e2e", "batch_seq": step, "topology": digest}  # fmt: skip
 
 
@@ -96,7 +100,8 @@ async def _send(run: Run, conns: list[Connection], digests: list[str]) -> None:
                 delay = due - time.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                body = run.hosts[h].body(step, run.t0_ns, _header(run, h, step, digests[h]))
+                header = _header(run, h, step, digests[h], int(due * 1e9))
+                body = run.hosts[h].body(step, run.t0_ns, header)
                 headers = V2_HEADERS
                 if run.args.gzip:
                     body = gzip.compress(body, compresslevel=1)

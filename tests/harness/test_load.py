@@ -45,6 +45,36 @@ def test_templates_join_into_complete_collectives() -> None:
     assert 26 <= total / (2 * job.ranks) <= 34  # about 30 records per rank and step
 
 
+def test_envelopes_claim_the_time_they_were_sealed_not_sent() -> None:
+    """A generator that falls behind must not claim a later "now" than its records, as a real
+    agent's backlog does not (sent_ns is stamped at seal): otherwise the service closes frames
+    before their records arrive (the slow GPU at 100K ranks was missed that way)."""
+    import asyncio
+    import time
+
+    job = JobLayout(64, 100_000_000)
+    hosts = [HostTemplate(job, h) for h in range(job.hosts)]
+    run = e2e.Run(argparse.Namespace(steps=3, gzip=False), job, hosts, url="http://x")
+    run.t0_ns = time.time_ns()
+    seen: list[tuple[int, int]] = []  # (sent_ns, wall ns when it went out)
+
+    class SlowConnection:  # each request takes 30 ms: the generator falls behind its schedule
+        async def request(self, method: str, path: str, body: bytes, headers: object) -> tuple:
+            seen.append((v2.decode(body)[0]["sent_ns"], time.time_ns()))
+            await asyncio.sleep(0.03)
+            return 200, b"{}"
+
+    digests = [topology.digest(h.registration["ranks"], h.registration["comms"]) for h in hosts]
+    asyncio.run(e2e._send(run, [SlowConnection()], digests))  # type: ignore[list-item]
+    assert len(seen) == 3 * job.hosts and run.errors == []
+    behind = [wall - sent for sent, wall in seen]
+    assert max(behind) > 0.1e9  # it did fall behind ...
+    for k, (sent, _) in enumerate(seen):  # ... and every envelope says when it was due
+        step, h = divmod(k, job.hosts)
+        due = run.t0_ns + (step + 1) * job.step_ns + 0.05e9 * h / job.hosts
+        assert abs(sent - due) < 1e6
+
+
 def _small_run(tmp_path: Path, replicas: int) -> dict:  # type: ignore[type-arg]
     """``bench e2e`` of 64 ranks, 8 steps of 0.3 s, on services it starts; its JSON."""
     args = argparse.Namespace(ranks=64, step_time=0.3, steps=8, fault=None, service=None,
