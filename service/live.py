@@ -48,6 +48,7 @@ def job_samples(ctx: AppContext) -> Iterator[JobSample]:
             hosts = {r: state.topology.ranks[r].host for r in slot_rank}
             stale_hosts = sum(1 for h in state.topology.hosts if state.host_stale(h, now))
             n_hosts = len(state.topology.hosts)
+            clock_ahead, clock_held = len(state.clock.ahead_ns), state.clock.held_back
             pending = state.joiner.pending_groups
             inflight = state.joiner.inflight_count()
         name = job_state_name(state, kinds)
@@ -73,6 +74,8 @@ def job_samples(ctx: AppContext) -> Iterator[JobSample]:
             ranks=len(slot_rank),
             hosts=n_hosts,
             stale_hosts=stale_hosts,
+            clock_ahead_hosts=clock_ahead,
+            clock_held_back=clock_held,
             inflight=inflight,
             pending=pending,
             watermark_s=state.watermark_ns / 1e9,

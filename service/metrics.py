@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from failslow.detectors.vocab import IncidentKind
@@ -133,6 +133,8 @@ class JobSample:
     ranks: int
     hosts: int
     stale_hosts: int
+    clock_ahead_hosts: int  # hosts whose sent_ns runs ahead of the job's (held back)
+    clock_held_back: int  # envelopes whose time was held back, since the job came into memory
     inflight: int
     pending: int
     watermark_s: float
@@ -176,6 +178,16 @@ class LiveCollector(Collector):
         stale = GaugeMetricFamily(
             "failslow_job_stale_hosts", "Hosts without recent envelopes.", labels=["job"]
         )
+        ahead = GaugeMetricFamily(
+            "failslow_job_clock_ahead_hosts",
+            "Hosts whose clock runs ahead of the job's other hosts (their time is held back).",
+            labels=["job"],
+        )
+        held = CounterMetricFamily(
+            "failslow_job_clock_held_back_envelopes",
+            "Envelopes whose sent_ns ran ahead of the job's hosts and did not move its time.",
+            labels=["job"],
+        )
         inflight = GaugeMetricFamily(
             "failslow_job_inflight_collectives",
             "Collectives with a member still inside.",
@@ -213,6 +225,8 @@ class LiveCollector(Collector):
                 ranks.add_metric([s.job], s.ranks)
                 hosts.add_metric([s.job], s.hosts)
                 stale.add_metric([s.job], s.stale_hosts)
+                ahead.add_metric([s.job], s.clock_ahead_hosts)
+                held.add_metric([s.job], s.clock_held_back)
                 inflight.add_metric([s.job], s.inflight)
                 pending.add_metric([s.job], s.pending)
                 wm.add_metric([s.job], s.watermark_s)
@@ -241,6 +255,8 @@ class LiveCollector(Collector):
             ranks,
             hosts,
             stale,
+            ahead,
+            held,
             inflight,
             pending,
             wm,

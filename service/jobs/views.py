@@ -130,6 +130,7 @@ def detail(
                 "join_duplicates": state.joiner.duplicates,
                 "dropped_contributions": fb.dropped_contributions,
                 "late_steps": fb.late_steps,
+                "clock": clock_view(state),
                 "open_subjects": sorted(numbers.open_subjects) if numbers else [],
             }
     return JobDetail(
@@ -148,6 +149,17 @@ def detail(
             for h in hosts
         },
     )
+
+
+def clock_view(state: JobState) -> dict[str, Any]:
+    """Hosts whose sent_ns runs ahead of the job's other hosts (a clock step, a forged
+    envelope): how far, in seconds; their time does not move the job's (docs/event-time.md)."""
+    names = {i: h for h, i in state.topology.host_ids.items()}
+    return {
+        "held_back_envelopes": state.clock.held_back,
+        "hosts_ahead_s": {names.get(i, str(i)): round(ns / 1e9, 3)
+                          for i, ns in sorted(state.clock.ahead_ns.items())},  # fmt: skip
+    }
 
 
 def ranks(

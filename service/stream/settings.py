@@ -55,6 +55,18 @@ class StateSettings(BaseModel):
         ge=0,
         description="Event time after a step's last record before it is closed with missing ranks.",
     )
+    clock_tolerance_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="How far one host's sent_ns may run ahead of the median of the job's live "
+        "hosts before it stops moving the job's event time (docs/event-time.md).",
+    )
+    clock_live_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Wall time after its last envelope during which a host still votes on the "
+        "job's event time.",
+    )
     time_frame_s: float = Field(
         default=1.0, gt=0, description="Frame length for jobs that send no step records."
     )

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from failslow.service.stream.clock import EventClock
 from failslow.service.stream.frames import FrameBuilder
 from failslow.service.stream.join import Joiner
 from failslow.service.stream.ledger import Ledger
@@ -104,7 +105,9 @@ class JobState:
         # first; each is registered again when an envelope first names it
         self.stored_registrations: dict[str, dict[str, bytes]] = {}
         self.steps_since_join = np.zeros(0, np.int64)  # per slot
-        self.watermark_ns = 0
+        self.clock = EventClock(
+            tolerance_ns=int(settings.clock_tolerance_s * 1e9), live_s=settings.clock_live_s
+        )
         self.first_seen_ns: int | None = None
         self.last_wall = time.monotonic()
         self.streams: dict[tuple[str, str], int] = {}  # (host, agent) -> last batch_seq
@@ -138,8 +141,17 @@ class JobState:
         self.last_wall = wall
         if self.first_seen_ns is None:
             self.first_seen_ns = sent_ns
-        self.watermark_ns = max(self.watermark_ns, sent_ns)
+        self.clock.observe(self.topology.host_ids[host], sent_ns, wall)
         return ApplyResult()
+
+    @property
+    def watermark_ns(self) -> int:
+        """The job's event-time "now" (:class:`~failslow.service.stream.clock.EventClock`)."""
+        return self.clock.watermark_ns
+
+    @watermark_ns.setter
+    def watermark_ns(self, value: int) -> None:  # restored from the database after a restart
+        self.clock.restore(value)
 
     def scale_limits(self, world: int | None = None) -> None:
         """Bounds from the declared world size (``world``, or the topology's)."""
