@@ -61,6 +61,11 @@ async def read_body(
             raise InvalidEnvelope(f"bad gzip data: {exc}") from None
         if not inflater.eof:
             raise InvalidEnvelope("bad gzip data: truncated stream")
+        if inflater.unused_data:  # garbage, or a second gzip member: never ignored in silence
+            raise InvalidEnvelope(
+                f"bad gzip data: {len(inflater.unused_data)} bytes after the end of the gzip "
+                "stream (send one gzip member per body)"
+            )
         if len(out) > max_bytes:
             raise PayloadTooLarge(f"decompressed body exceeds the limit of {max_bytes} bytes")
     return bytes(out), received, encoding
