@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -11,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from failslow.service.stream.registry import RegistryFull
 
+log = logging.getLogger(__name__)
 PROBLEM = "application/problem+json"
 TYPE_BASE = "https://failslow.dev/problems/"
 
@@ -121,12 +124,14 @@ def problem(
     instance: str | None = None,
     errors: list[dict[str, Any]] | None = None,
     headers: dict[str, str] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> JSONResponse:
     body: dict[str, Any] = {
         "type": TYPE_BASE + slug,
         "title": title,
         "status": status,
         "detail": detail,
+        **(extra or {}),
     }
     if instance:
         body["instance"] = instance
@@ -194,6 +199,25 @@ def install_handlers(app: FastAPI) -> None:
             "the request parameters are invalid",
             instance=request.url.path,
             errors=errors,
+        )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # A bug, not a client error: the answer carries an id that the log line carries too, so
+        # an operator can find the traceback from what a user reports.
+        correlation = uuid.uuid4().hex[:16]
+        log.error(
+            "unhandled error on %s %s [correlation_id=%s]",
+            request.method, request.url.path, correlation, exc_info=exc,
+        )  # fmt: skip
+        return problem(
+            500,
+            "internal",
+            "Internal error",
+            f"an unexpected error; the service log has it under correlation id {correlation}",
+            instance=request.url.path,
+            headers={"X-Correlation-Id": correlation},
+            extra={"correlation_id": correlation},
         )
 
     @app.exception_handler(StarletteHTTPException)

@@ -93,6 +93,32 @@ def test_bad_records_are_rejected_one_by_one(client: TestClient) -> None:
     assert host_counts(client)["h0"]["rejected"] == 7
 
 
+def test_integers_beyond_the_columns_are_rejected_per_record_and_never_block_the_job(
+    client: TestClient,
+) -> None:
+    """Ranks, GPUs, world sizes and steps live in INTEGER columns: 2^31 used to fail the commit
+    on PostgreSQL and, left pending, every later envelope of the job answered 503."""
+    big = 2**31
+    ranks = [{"rank": 0, "gpu": 0, "world_size": 4}, {"rank": big, "gpu": 0},
+             {"rank": 1, "gpu": big}, {"rank": 2, "world_size": big}]  # fmt: skip
+    comms = [{"comm": "dp-0", "kind": "dp", "ranks": [0, 1, 2, 3]},
+             {"comm": "huge", "kind": "dp", "ranks": [0, big]}]  # fmt: skip
+    records = [coll(0, 0, T0, T0 + MS), coll(big, 0, T0, T0 + MS)]
+    steps = [step(0, big, T0, T0 + MS), step(0, 1, T0, T0 + MS)]
+    r = post(client, envelope(ranks=ranks, comms=comms, collectives=records, steps=steps))
+    assert r.status_code == 200
+    reasons = {x["index"]: x["reason"] for x in r.json()["rejected"]}
+    assert {"ranks[1]", "ranks[2]", "ranks[3]", "comms[1]", "collectives[1]", "steps[0]"} <= set(
+        reasons
+    ), reasons
+    assert "2^31" in reasons["ranks[1]"] and "2^31" in reasons["steps[0]"]
+    for seq in range(1, 4):  # the job goes on
+        later = post(client, envelope(sent_ns=T0 + seq * MS, collectives=[coll(0, seq, T0, T0 + MS)]))
+        assert later.status_code == 200 and later.json()["accepted"] == 1
+    ack = client.post("/v1/jobs/job-a/plan/ack", json={"version": 2**63, "step": 1})
+    assert ack.status_code == 422 and ack.headers["content-type"] == PROBLEM
+
+
 def test_conflicting_comm_announcement_is_rejected(client: TestClient) -> None:
     h0, _ = two_hosts()
     assert post(client, envelope(**h0)).status_code == 200
@@ -165,6 +191,17 @@ def test_bad_gzip_is_400(client: TestClient) -> None:
         headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
     )
     assert r.status_code == 400 and r.headers["content-type"] == PROBLEM
+
+
+def test_data_after_the_gzip_stream_is_400_not_ignored(client: TestClient) -> None:
+    h0, _ = two_hosts()
+    raw = orjson.dumps(envelope(**h0, collectives=[coll(0, 0, T0, T0 + MS)]))
+    gz = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    for tail in (b"garbage", gzip.compress(b"second member")):
+        r = client.post("/v1/ingest", content=gzip.compress(raw) + tail, headers=gz)
+        assert r.status_code == 400 and r.headers["content-type"] == PROBLEM
+        assert "after the end of the gzip stream" in r.json()["detail"]
+    assert client.post("/v1/ingest", content=gzip.compress(raw), headers=gz).status_code == 200
 
 
 def test_wrong_content_type_is_415(client: TestClient) -> None:
