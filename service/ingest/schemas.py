@@ -16,14 +16,15 @@ from pydantic import BaseModel, Field, TypeAdapter
 
 from failslow.detectors.vocab import CommKind
 from failslow.service.ids import IDENTIFIER
+from failslow.service.stream.parse import INT32_MAX  # what the INTEGER columns hold
 
 Identifier = Field(pattern=IDENTIFIER)
 
 
 class RankIn(BaseModel):
-    rank: int = Field(ge=0, description="Global rank.")
-    gpu: int | None = Field(default=None, ge=0, description="Local device index.")
-    world_size: int | None = Field(default=None, ge=1)
+    rank: int = Field(ge=0, le=INT32_MAX, description="Global rank.")
+    gpu: int | None = Field(default=None, ge=0, le=INT32_MAX, description="Local device index.")
+    world_size: int | None = Field(default=None, ge=1, le=INT32_MAX)
 
 
 class CommIn(BaseModel):
@@ -33,7 +34,7 @@ class CommIn(BaseModel):
 
 
 class CollectiveIn(BaseModel):
-    rank: int = Field(ge=0)
+    rank: int = Field(ge=0, le=INT32_MAX)
     comm: str = Identifier
     seq: int = Field(ge=0, description="Per-communicator sequence number, equal on every member.")
     op: str = Field(
@@ -47,8 +48,8 @@ class CollectiveIn(BaseModel):
 
 
 class StepIn(BaseModel):
-    rank: int = Field(ge=0)
-    step: int = Field(ge=0)
+    rank: int = Field(ge=0, le=INT32_MAX)
+    step: int = Field(ge=0, le=INT32_MAX)
     start_ns: int = Field(ge=0)
     end_ns: int = Field(ge=0)
 

@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from failslow.service.stream.parse import INT32_MAX  # what the INTEGER columns hold
+
 
 class PlanOut(BaseModel):
     job: str
@@ -34,8 +36,8 @@ class PlanVersionOut(PlanOut):
 class PlanAck(BaseModel):
     """Sent by the training job when it applies a plan version (at a step boundary)."""
 
-    version: int = Field(ge=1)
-    step: int = Field(ge=0, description="The first step run under this version.")
+    version: int = Field(ge=1, le=INT32_MAX)
+    step: int = Field(ge=0, le=INT32_MAX, description="The first step run under this version.")
 
 
 class WorkloadIn(BaseModel):

@@ -22,6 +22,9 @@ from failslow.wire.ops import normalise_op
 from failslow.wire.topology import BadMembers, members
 
 INT64_MAX = 2**63 - 1
+# Ranks, GPUs, world sizes and steps are stored in INTEGER columns (PostgreSQL: 32 bits): larger
+# values are rejected per record here, never left to fail the commit (and block the job).
+INT32_MAX = 2**31 - 1
 _COMM_KINDS = {k.value: k for k in CommKind}
 
 
@@ -29,14 +32,19 @@ def is_int(value: Any) -> bool:
     return type(value) is int  # bool is not an int on the wire
 
 
-def _req_int(rec: dict[str, Any], name: str, *, minimum: int = 0) -> int:
+def _req_int(
+    rec: dict[str, Any], name: str, *, minimum: int = 0, maximum: int = INT64_MAX
+) -> int:
     value = rec.get(name)
     if value is None:
         raise RecordError(Reject.INVALID, f"{name} is required")
     if not is_int(value):
         raise RecordError(Reject.INVALID, f"{name} must be an integer")
-    if value < minimum or value > INT64_MAX:
+    if value < minimum:
         raise RecordError(Reject.INVALID, f"{name} must be >= {minimum}")
+    if value > maximum:
+        limit = "2^31" if maximum == INT32_MAX else "2^63"
+        raise RecordError(Reject.INVALID, f"{name} must be < {limit}")
     return value
 
 
@@ -59,7 +67,7 @@ def parse_collective(raw: Any) -> CollectiveRecord:
             and type(start) is int
             and type(comm) is str
             and type(op_raw) is str
-            and rank >= 0
+            and 0 <= rank <= INT32_MAX
             and seq >= 0
             and nbytes >= 0
             and 0 <= start <= INT64_MAX
@@ -69,7 +77,7 @@ def parse_collective(raw: Any) -> CollectiveRecord:
             op = normalise_op(op_raw)
             if op is not None and (
                 (peer is None and op not in P2P_OPS)
-                or (op in P2P_OPS and type(peer) is int and 0 <= peer != rank)
+                or (op in P2P_OPS and type(peer) is int and 0 <= peer <= INT32_MAX and peer != rank)
             ):
                 return CollectiveRecord(rank, comm, seq, op, nbytes, start, end, peer)
     return _parse_collective_slow(raw)
@@ -77,7 +85,7 @@ def parse_collective(raw: Any) -> CollectiveRecord:
 
 def _parse_collective_slow(raw: Any) -> CollectiveRecord:
     rec = _obj(raw)
-    rank = _req_int(rec, "rank")
+    rank = _req_int(rec, "rank", maximum=INT32_MAX)
     comm = rec.get("comm")
     if not is_identifier(comm):
         raise RecordError(Reject.INVALID, "comm must be an identifier")
@@ -106,8 +114,8 @@ def _parse_collective_slow(raw: Any) -> CollectiveRecord:
     if op in P2P_OPS:
         if peer is None:
             raise RecordError(Reject.MISSING_PEER, f"{op} without peer")
-        if not is_int(peer) or peer < 0:
-            raise RecordError(Reject.BAD_PEER, "peer must be a non-negative integer")
+        if not is_int(peer) or peer < 0 or peer > INT32_MAX:
+            raise RecordError(Reject.BAD_PEER, "peer must be an integer in [0, 2^31)")
         if peer == rank:
             raise RecordError(Reject.BAD_PEER, "peer equals rank")
     elif peer is not None:
@@ -117,8 +125,8 @@ def _parse_collective_slow(raw: Any) -> CollectiveRecord:
 
 def parse_step(raw: Any) -> StepRecord:
     rec = _obj(raw)
-    rank = _req_int(rec, "rank")
-    step = _req_int(rec, "step")
+    rank = _req_int(rec, "rank", maximum=INT32_MAX)
+    step = _req_int(rec, "step", maximum=INT32_MAX)
     start_ns = _req_int(rec, "start_ns")
     end_ns = _req_int(rec, "end_ns")
     if end_ns < start_ns:
@@ -128,14 +136,14 @@ def parse_step(raw: Any) -> StepRecord:
 
 def parse_rank(raw: Any) -> RankAnnouncement:
     rec = _obj(raw)
-    rank = _req_int(rec, "rank")
+    rank = _req_int(rec, "rank", maximum=INT32_MAX)
     gpu = rec.get("gpu")
-    if gpu is not None and (not is_int(gpu) or gpu < 0):
-        raise RecordError(Reject.INVALID, "gpu must be a non-negative integer")
+    if gpu is not None and (not is_int(gpu) or gpu < 0 or gpu > INT32_MAX):
+        raise RecordError(Reject.INVALID, "gpu must be an integer in [0, 2^31)")
     world = rec.get("world_size")
     if world is not None:
-        if not is_int(world) or world < 1:
-            raise RecordError(Reject.INVALID, "world_size must be a positive integer")
+        if not is_int(world) or world < 1 or world > INT32_MAX:
+            raise RecordError(Reject.INVALID, "world_size must be an integer in [1, 2^31)")
         if rank >= world:
             raise RecordError(Reject.INVALID, "rank must be < world_size")
     return RankAnnouncement(rank, gpu, world)
@@ -154,6 +162,8 @@ def parse_comm(raw: Any) -> CommAnnouncement:
         ranks = members(rec.get("ranks"))
     except BadMembers as exc:
         raise RecordError(Reject.INVALID, str(exc)) from None
+    if ranks and max(ranks) > INT32_MAX:
+        raise RecordError(Reject.INVALID, "comm member ranks must be < 2^31")
     if kind == CommKind.P2P and len(ranks) != 2:
         raise RecordError(Reject.INVALID, "a p2p comm has exactly two ranks")
     return CommAnnouncement(comm, kind, ranks)

@@ -19,6 +19,7 @@ import numpy as np
 
 from failslow.detectors.vocab import Op
 from failslow.service.stream import kernels
+from failslow.service.stream.parse import INT32_MAX
 from failslow.service.stream.records import Reject
 from failslow.wire.v2 import NO_END, NO_PEER, OPS
 
@@ -37,7 +38,7 @@ RULES: tuple[tuple[Reject, str], ...] = (
 STEP_RULES: tuple[tuple[Reject, str], ...] = (
     (Reject.INVALID, "rank is not one of the host's registered ranks"),
     (Reject.WRONG_HOST, "rank now lives on another host"),
-    (Reject.INVALID, "step must be >= 0"),
+    (Reject.INVALID, "step must be >= 0 and < 2^31"),
     (Reject.INVALID, "start_ns must be >= 0"),
     (Reject.END_BEFORE_START, "end_ns before start_ns"),
 )
@@ -208,7 +209,8 @@ def step_reasons_numpy(
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(reason, slot)`` per step record of the step columns ``s`` (see :data:`STEP_RULES`)."""
     _, own, slot, here = _own(s["rank"].astype(np.int64), ranks, slots, slot_host, host_index)
-    failed = (~own, ~here, s["step"] < 0, s["start_ns"] < 0, s["end_ns"] < s["start_ns"])
+    bad_step = (s["step"] < 0) | (s["step"] > INT32_MAX)
+    failed = (~own, ~here, bad_step, s["start_ns"] < 0, s["end_ns"] < s["start_ns"])
     reason = np.zeros(own.size, np.uint8)
     for k in range(len(failed) - 1, -1, -1):
         reason[failed[k]] = k + 1
@@ -238,7 +240,7 @@ def _step_loop(rank, step, start, end, ranks, slots, slot_host, host_index, reas
             reason[i] = 1
         elif not here:
             reason[i] = 2
-        elif step[i] < 0:
+        elif step[i] < 0 or step[i] > 2147483647:  # INT32_MAX (a literal for numba)
             reason[i] = 3
         elif start[i] < 0:
             reason[i] = 4
