@@ -51,6 +51,7 @@ class AgentStats:
     dropped_records: int = 0
     unencodable_records: int = 0  # v2: naming an unannounced comm or an unknown op
     registrations: int = 0  # v2: topologies registered with the service
+    auth_failures: int = 0  # attempts the service answered 401/403 (the envelopes are kept)
     last_error: str | None = None
 
 
@@ -116,6 +117,7 @@ class NodeAgent(Shipping):
         self._wake_sender = threading.Event()
         self._last_seal = time.monotonic()
         self._last_post = time.monotonic()
+        self._auth_alarm_at = float("-inf")
         self._threads: list[threading.Thread] = []
         self._sock: socket.socket | None = None
         self._save_state()

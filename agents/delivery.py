@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from failslow.agents.spool import Outbox
 
 log = logging.getLogger(__name__)
+AUTH_ALARM_EVERY_S = 60.0  # an auth failure is logged at ERROR at most this often
 
 
 class Shipping:
@@ -45,6 +46,7 @@ class Shipping:
         _lock: threading.Lock
         _stop: threading.Event
         _last_post: float
+        _auth_alarm_at: float
 
     # -- delivery ------------------------------------------------------------------------------
     def deliver_once(self) -> str:
@@ -99,9 +101,21 @@ class Shipping:
         return result
 
     def _failed(self, seq: int, records: int, result: Delivery) -> str:
-        if result.outcome in ("retry", UNKNOWN_TOPOLOGY):
+        if result.outcome == "auth":  # kept and retried: a token can be fixed, data cannot
+            self.stats.auth_failures += 1
+            now = time.monotonic()
+            if now - self._auth_alarm_at >= AUTH_ALARM_EVERY_S:
+                self._auth_alarm_at = now
+                log.error(
+                    "the service refuses this agent's token (HTTP %s: %s); %d envelopes wait in "
+                    "the outbox and are retried; check --token / FAILSLOW_TOKEN",
+                    result.status, result.error, len(self.outbox),
+                )  # fmt: skip
+        if result.outcome in ("retry", "auth", UNKNOWN_TOPOLOGY):
             self.stats.retries += 1
-            self.stats.last_error = result.error or f"HTTP {result.status}"
+            self.stats.last_error = (
+                f"HTTP {result.status}: {result.error}" if result.status else result.error
+            ) or "unknown error"
             wait = result.wait_s if result.wait_s is not None else self.backoff.next()
             log.info(
                 "delivery of envelope %d failed (%s); retrying in %.2fs",

@@ -12,6 +12,9 @@ from typing import Any
 import httpx
 
 RETRYABLE = {408, 425, 429, 500, 502, 503, 504}
+# Only these mean "this envelope is invalid and never will be": it goes to outbox/dead.
+INVALID = {400, 413, 415, 422}
+AUTH = {401, 403}  # a rotated or mistyped token: retried (and alarmed), never discarded
 
 
 @dataclass(slots=True)
@@ -50,7 +53,8 @@ def retry_after(value: str | None, *, cap_s: float = 300.0) -> float | None:
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
-    """Outcome of one POST: ``ok`` (stored), ``retry`` (try later), ``refused`` (never retry)."""
+    """Outcome of one POST: ``ok`` (stored), ``retry`` (try later), ``auth`` (the service does
+    not accept our token: try later, raise the alarm), ``refused`` (invalid: never retry)."""
 
     outcome: str
     status: int | None
@@ -101,11 +105,16 @@ class Sender:
             return Delivery("ok", 200, body)
         if resp.status_code == 409 and str((body or {}).get("type", "")).endswith(UNKNOWN_TOPOLOGY):
             return Delivery(UNKNOWN_TOPOLOGY, 409, body, error=(body or {}).get("detail"))
-        if resp.status_code in RETRYABLE:
-            return Delivery(
-                "retry", resp.status_code, body, wait_s=retry_after(resp.headers.get("retry-after"))
-            )
-        return Delivery("refused", resp.status_code, body, error=(body or {}).get("detail"))
+        detail = (body or {}).get("detail") if isinstance(body, dict) else None
+        if resp.status_code in INVALID:
+            return Delivery("refused", resp.status_code, body, error=detail)
+        if resp.status_code in AUTH:
+            return Delivery("auth", resp.status_code, body, error=detail)
+        # 5xx, 429 and anything unexpected (a 404 from a wrong URL or a proxy): try again later
+        return Delivery(
+            "retry", resp.status_code, body, wait_s=retry_after(resp.headers.get("retry-after")),
+            error=detail,
+        )  # fmt: skip
 
     def close(self) -> None:
         self.client.close()

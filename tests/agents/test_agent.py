@@ -274,6 +274,27 @@ def test_refused_envelope_is_buried_not_retried(tmp_path: Path, scripted: tuple[
     agent.sender.close()
 
 
+def test_a_refused_token_keeps_the_data_and_raises_the_alarm(
+    tmp_path: Path, scripted: tuple[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """401/403 (a rotated or mistyped token) used to bury envelopes in outbox/dead for good."""
+    proxy, upstream = scripted
+    _Scripted.script = [(401, {}), (403, {}), (404, {})]
+    agent = make_agent(tmp_path, proxy)
+    agent.add_items([["r", 0, 0, 1], ["m", "w", "world", [0]], ["s", 0, 1, 10, 20]])
+    agent.seal()
+    with caplog.at_level("ERROR"):
+        assert [agent.deliver_once() for _ in range(3)] == ["retry"] * 3
+    assert agent.stats.auth_failures == 2 and agent.stats.refused_envelopes == 0
+    assert len(agent.outbox) == 1 and agent.stats.dropped_records == 0
+    assert sum("refuses this agent's token" in r.getMessage() for r in caplog.records) == 1
+    assert agent.deliver_once() == "ok"  # the token works again: delivered, nothing lost
+    assert accepted_on_service(upstream) == 1
+    dead = tmp_path / "state" / "outbox" / "dead"
+    assert not dead.exists() or not any(dead.iterdir())
+    agent.sender.close()
+
+
 def test_foreign_job_and_garbage_are_counted(tmp_path: Path) -> None:
     agent = make_agent(tmp_path, "http://127.0.0.1:9")
     agent.add_payload(b'{"v": 1, "job": "other"}\n["s", 0, 1, 2, 3]')
