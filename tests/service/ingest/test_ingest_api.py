@@ -113,7 +113,8 @@ def test_integers_beyond_the_columns_are_rejected_per_record_and_never_block_the
     ), reasons
     assert "2^31" in reasons["ranks[1]"] and "2^31" in reasons["steps[0]"]
     for seq in range(1, 4):  # the job goes on
-        later = post(client, envelope(sent_ns=T0 + seq * MS, collectives=[coll(0, seq, T0, T0 + MS)]))
+        records = [coll(0, seq, T0, T0 + MS)]
+        later = post(client, envelope(sent_ns=T0 + seq * MS, collectives=records))
         assert later.status_code == 200 and later.json()["accepted"] == 1
     ack = client.post("/v1/jobs/job-a/plan/ack", json={"version": 2**63, "step": 1})
     assert ack.status_code == 422 and ack.headers["content-type"] == PROBLEM
