@@ -39,6 +39,7 @@ from failslow.service.plans.router import router as plans_router
 from failslow.service.probes.manager import ProbeManager
 from failslow.service.probes.router import router as probes_router
 from failslow.service.replica.context import Owned
+from failslow.service.replica.local import LocalSnapshots
 from failslow.service.replica.ownership import Ownership
 from failslow.service.settings import Settings
 from failslow.service.stream.registry import JobRegistry
@@ -65,6 +66,23 @@ async def detection_loop(ctx: AppContext) -> None:
         except Exception:  # noqa: BLE001
             log.exception("detection loop iteration failed")
         await asyncio.sleep(interval)
+
+
+async def snapshot_jobs(ctx: AppContext, *, every_s: float | None, force: bool = False) -> None:
+    """Have the committer write the snapshot of every job that is due (all with ``force``):
+    jobs that stopped sending still change as their last frames close. Once, or every
+    ``every_s`` seconds."""
+    snapshots = ctx.committer.snapshots
+    while snapshots is not None:
+        for state in ctx.jobs.all():
+            if state.persisted and (force or snapshots.due(state)):
+                if force:
+                    snapshots.force(state.job)
+                with contextlib.suppress(Exception):  # logged by the committer; retried later
+                    await ctx.committer.committed(state)
+        if every_s is None:
+            return
+        await asyncio.sleep(every_s)
 
 
 async def keep_lease(lease: Lease) -> None:
@@ -107,10 +125,12 @@ def build_context(settings: Settings) -> AppContext:
             engine.dispose()
             raise
     metrics = Metrics()
+    snapshots: LocalSnapshots | None = None  # without a bus: detector state survives restarts
 
     def load(job: str) -> JobState | None:
         with session_scope(sessions) as session:
-            return jobs_db.load_job(session, job=job, settings=settings.state)
+            state = snapshots.load(session, job) if snapshots is not None else None
+            return state or jobs_db.load_job(session, job=job, settings=settings.state)
 
     jobs = JobRegistry(settings=settings.state, load=load)
     detection = DetectionEngine(
@@ -121,6 +141,10 @@ def build_context(settings: Settings) -> AppContext:
         cleared_by=lambda session, incident: actions_db.fixes(session, incident=incident),
     )
     jobs.on_evict = detection.forget  # an evicted job's detector state goes with it
+    if not settings.bus.url and settings.state.snapshot_every_s > 0:
+        snapshots = LocalSnapshots(
+            detection=detection, settings=settings.state, every_s=settings.state.snapshot_every_s
+        )
     mitigation = Mitigation(
         settings=settings.actions,
         sessions=sessions,
@@ -130,7 +154,7 @@ def build_context(settings: Settings) -> AppContext:
     )
     mitigation.recover()
     probes = ProbeManager(settings=settings.probes, sessions=sessions, metrics=metrics)
-    committer = Committer(sessions, settings.ingest.commit_interval_s, lease)
+    committer = Committer(sessions, settings.ingest.commit_interval_s, lease, snapshots)
     ctx = AppContext(
         settings, engine, sessions, metrics, jobs, detection, mitigation, probes, committer, lease
     )
@@ -152,6 +176,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         tasks = [task, committer]
         if ctx.lease is not None:
             tasks.append(asyncio.create_task(keep_lease(ctx.lease), name="failslow-lease"))
+        if ctx.committer.snapshots is not None:
+            snap = snapshot_jobs(ctx, every_s=settings.state.snapshot_every_s)
+            tasks.append(asyncio.create_task(snap, name="failslow-snapshots"))
         ownership = await join_bus(ctx) if settings.bus.url else None
         if ownership is not None:
             tasks.append(asyncio.create_task(ownership.run(), name="failslow-ownership"))
@@ -159,6 +186,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            if ctx.committer.snapshots is not None:  # a clean restart resumes exactly
+                await snapshot_jobs(ctx, every_s=None, force=True)
             for t in tasks:
                 t.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -7,6 +7,9 @@ next, so the database sees a few commits a second however many envelopes come. I
 fails, what it carried goes back into the jobs (it is additive) and leaves with their next
 commit; the clients get 503 and re-send, which the stream positions recognise as duplicates.
 Either way every record is counted exactly once.
+
+Given :class:`Snapshots` (without a bus: ``replica.local.LocalSnapshots``), a commit also writes
+the snapshot of each job that is due, taken with its counters, in the same transaction.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -44,15 +47,34 @@ def apply(state: JobState, fn: Callable[[JobState], T]) -> T:
         return fn(state)
 
 
+class Snapshots(Protocol):
+    """Job snapshots written with the counters (implemented by ``replica.local``)."""
+
+    def due(self, state: JobState) -> bool: ...
+
+    def force(self, job: str) -> None: ...
+
+    def take(self, state: JobState) -> tuple[Uncommitted, bytes]:
+        """Counters and snapshot under the job's locks; counts the commit in ``committing``."""
+        ...
+
+    def write(self, session: Session, job: str, body: bytes) -> None: ...
+
+
 class Committer:
     """Group commit of ingest accounting. Runs in the event loop; writes in a worker thread."""
 
     def __init__(
-        self, sessions: sessionmaker[Session], interval_s: float = 0.0, lease: Lease | None = None
+        self,
+        sessions: sessionmaker[Session],
+        interval_s: float = 0.0,
+        lease: Lease | None = None,
+        snapshots: Snapshots | None = None,
     ) -> None:
         self.sessions = sessions
         self.interval_s = interval_s  # least time between two transactions
         self.lease = lease  # when it is lost, nothing more is written
+        self.snapshots = snapshots
         self._waiting: list[tuple[JobState, asyncio.Future[None]]] = []
         self._wake: asyncio.Event | None = None
         self.commits = 0  # transactions written
@@ -113,23 +135,28 @@ class Committer:
 
     def write(self, states: list[JobState]) -> None:
         """One transaction for everything the given jobs accumulated."""
-        taken: list[tuple[JobState, Uncommitted]] = []
+        taken: list[tuple[JobState, Uncommitted, bytes | None]] = []
         for state in states:
+            if self.snapshots is not None and self.snapshots.due(state):
+                taken.append((state, *self.snapshots.take(state)))
+                continue
             with state.lock:
                 state.committing += 1
-                taken.append((state, take_uncommitted(state)))
+                taken.append((state, take_uncommitted(state), None))
         try:
             with session_scope(self.sessions) as session:
-                for _, u in taken:
+                for state, u, body in taken:
                     commit_ingest(session, u=u)
+                    if body is not None and self.snapshots is not None:
+                        self.snapshots.write(session, state.job, body)
         except BaseException:
-            for state, u in taken:
+            for state, u, _ in taken:
                 with state.lock:
                     restore(state, u)
                     state.committing -= 1
             raise
         self.commits += 1
-        for state, _ in taken:
+        for state, _, _ in taken:
             with state.lock:
                 state.persisted = True
                 state.committing -= 1

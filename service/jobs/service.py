@@ -305,13 +305,13 @@ def load_job(session: Session, *, job: str, settings: StateSettings) -> JobState
         topo.announce_comm(CommAnnouncement(c.comm, CommKind(c.kind), tuple(c.ranks)))
     for s in session.scalars(select(AgentStream).where(AgentStream.job_id == job)):
         state.streams[(s.host, s.agent)] = s.last_batch_seq
-    _load_registrations(session, state)
+    load_registrations(session, state)
     topo.dirty_ranks.clear()
     topo.dirty_comms.clear()
     return state
 
 
-def _load_registrations(session: Session, state: JobState) -> None:
+def load_registrations(session: Session, state: JobState) -> None:
     """What the hosts had registered, oldest first: each is registered again when an envelope
     first names it (``columnar.apply_v2``), so the hosts need not, and a large job's load does
     not pay for all its hosts at once (~2 ms each at 100K ranks)."""
