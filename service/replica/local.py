@@ -23,11 +23,13 @@ import time
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
+from failslow.detectors.vocab import CommKind
 from failslow.service.detection.engine import DetectionEngine
-from failslow.service.jobs.models import AgentStream, Job
+from failslow.service.jobs.models import AgentStream, Comm, Job, Rank
 from failslow.service.jobs.service import Uncommitted, load_registrations, take_uncommitted
 from failslow.service.replica import snapshot
 from failslow.service.replica.models import JobSnapshot
+from failslow.service.stream.records import CommAnnouncement, RankAnnouncement, RecordError
 from failslow.service.stream.settings import StateSettings
 from failslow.service.stream.state import JobState
 
@@ -52,10 +54,10 @@ class LocalSnapshots:
         self._forced.add(job)
 
     def due(self, state: JobState) -> bool:
-        last = self._taken.get(state.job)
-        return state.job in self._forced or last is None or (
-            time.monotonic() - last >= self.every_s
-        )
+        # the first one ``every_s`` after the job's first commit (a job's first moments change
+        # most); then every ``every_s``
+        last = self._taken.setdefault(state.job, time.monotonic())
+        return state.job in self._forced or time.monotonic() - last >= self.every_s
 
     def take(self, state: JobState) -> tuple[Uncommitted, bytes]:
         """The job's uncommitted counters and its snapshot, taken together under both locks
@@ -93,12 +95,40 @@ class LocalSnapshots:
             log.warning("job %s: snapshot not used (%s); detection starts afresh", job, exc)
             return None
         state.watermark_ns = stored.watermark_ns  # only ever moves forward
+        _lay_topology_over(session, state, stored.last_seen_ns)
         for s in session.scalars(select(AgentStream).where(AgentStream.job_id == job)):
             key = (s.host, s.agent)
             state.streams[key] = max(state.streams.get(key, -1), s.last_batch_seq)
+        # what the database keeps now; the ones the snapshot already holds need no restoring
+        state.stored_registrations = {}
         load_registrations(session, state)
+        for host, kept in state.registrations.items():
+            stored = state.stored_registrations.get(host, {})
+            for key in kept:
+                stored.pop(key, None)
+            if not stored:
+                state.stored_registrations.pop(host, None)
         if rt is not None:
             self.detection.adopt(job, rt)
         self._taken[job] = time.monotonic()
         log.info("job %s: resumed from its snapshot (detector state kept)", job)
         return state
+
+
+def _lay_topology_over(session: Session, state: JobState, seen_ns: int) -> None:
+    """Where the database places ranks now (a rank may have moved since the snapshot) and the
+    communicators announced since."""
+    topo = state.topology
+    for r in session.scalars(select(Rank).where(Rank.job_id == state.job)):
+        info = topo.ranks.get(r.rank)
+        if info is not None and info.host == r.host and (r.gpu is None or info.gpu == r.gpu):
+            continue
+        if r.host not in topo.hosts:
+            topo.touch_host(r.host, seen_ns, state.last_wall)
+        topo.announce_rank(r.host, RankAnnouncement(r.rank, r.gpu, None))
+    for c in session.scalars(select(Comm).where(Comm.job_id == state.job)):
+        if c.comm not in topo.comms:
+            with contextlib.suppress(RecordError):  # at the limit: its hosts announce it again
+                topo.announce_comm(CommAnnouncement(c.comm, CommKind(c.kind), tuple(c.ranks)))
+    topo.dirty_ranks.clear()
+    topo.dirty_comms.clear()

@@ -26,11 +26,17 @@ def agent_stats(state: Path) -> dict:  # type: ignore[type-arg]
         return {}
 
 
-def test_kill_and_restart_loses_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("snapshots", ["default", "every-0.5s"])
+def test_kill_and_restart_loses_nothing(tmp_path: Path, snapshots: str) -> None:
+    """With snapshots every 0.5 s the restarted service resumes the job from one taken before
+    the kill, with the database's newer positions and placements laid over it."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     db = tmp_path / "db.sqlite"
-    service = start_service(port, db, tmp_path / "service.log")
+    env = env_for(db)
+    if snapshots != "default":
+        env["FAILSLOW_STATE__SNAPSHOT_EVERY_S"] = "0.5"
+    service = start_service(port, db, tmp_path / "service.log", env)
     agents = []
     for h in (0, 1):
         state = tmp_path / f"agent{h}"
@@ -80,7 +86,7 @@ def test_kill_and_restart_loses_nothing(tmp_path: Path) -> None:
         service.send_signal(signal.SIGKILL)  # no shutdown, no flush
         service.wait()
         time.sleep(2.5)
-        service = start_service(port, db, tmp_path / "service.log")
+        service = start_service(port, db, tmp_path / "service.log", env)
         assert driver.wait(timeout=60) == 0
         fed = json.loads(out.read_text())
         assert fed["flushed"] and fed["dropped"] == 0
