@@ -140,7 +140,6 @@ def build_context(settings: Settings) -> AppContext:
         jobs=jobs,
         cleared_by=lambda session, incident: actions_db.fixes(session, incident=incident),
     )
-    jobs.on_evict = detection.forget  # an evicted job's detector state goes with it
     if not settings.bus.url and settings.state.snapshot_every_s > 0:
         snapshots = LocalSnapshots(
             detection=detection, settings=settings.state, every_s=settings.state.snapshot_every_s
@@ -154,6 +153,12 @@ def build_context(settings: Settings) -> AppContext:
     )
     mitigation.recover()
     probes = ProbeManager(settings=settings.probes, sessions=sessions, metrics=metrics)
+
+    def evicted(job: str) -> None:  # what is held for a job leaves memory with it
+        detection.forget(job)
+        probes.forget(job)
+
+    jobs.on_evict = evicted
     committer = Committer(sessions, settings.ingest.commit_interval_s, lease, snapshots)
     ctx = AppContext(
         settings, engine, sessions, metrics, jobs, detection, mitigation, probes, committer, lease

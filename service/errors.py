@@ -101,6 +101,14 @@ class InvalidTopology(FailslowError):
     title = "Invalid topology"
 
 
+class InvalidRequest(FailslowError):
+    """A well-formed request whose values cannot be accepted (a 422 with the reason)."""
+
+    status = 422
+    slug = "invalid-request"
+    title = "Invalid request"
+
+
 class NotOwner(FailslowError):
     """With a bus, a request that only the job's owning replica can serve (docs/replicas.md)."""
 

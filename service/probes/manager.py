@@ -144,6 +144,15 @@ class ProbeManager:
             self._asked.update((i, host) for i in out)
             return out
 
+    def forget(self, job: str) -> None:
+        """Everything held for ``job`` (it left memory)."""
+        with self._lock:
+            self.endpoints.pop(job, None)
+            self.campaigns.pop(job, None)
+            self.critical.pop(job, None)
+            self._last_start.pop(job, None)
+            self.hangs.pop(job, None)
+
     def set_critical(self, job: str, critical: bool) -> None:
         with self._lock:
             self.critical[job] = critical

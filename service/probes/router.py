@@ -3,19 +3,61 @@ see the campaigns; the job declares critical phases (no probes then, by default)
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, Field
 
 from failslow.detectors.vocab import IncidentKind
-from failslow.service.context import CtxDep, IngestAuth, JobClientAuth, JobId, ReadAuth, SessionDep
-from failslow.service.errors import Conflict, NotFound
+from failslow.service.context import (
+    AppContext,
+    CtxDep,
+    IngestAuth,
+    JobClientAuth,
+    JobId,
+    ReadAuth,
+    SessionDep,
+)
+from failslow.service.errors import Conflict, InvalidRequest, NotFound
+from failslow.service.jobs import service as jobs_db
 from failslow.service.incidents.models import Incident
 from failslow.service.incidents.service import add_notes
 from failslow.service.probes.hang_evidence import HangEvidenceIn, merge
 
 router = APIRouter(prefix="/v1/jobs", tags=["probes"])
+
+
+def _known(ctx: AppContext, job: str) -> None:
+    """404 unless the job exists: a token must not create state for jobs nobody runs."""
+    if ctx.jobs.get(job) is not None:
+        return
+    with ctx.sessions() as session:
+        if jobs_db.get_job(session, job=job) is None:
+            raise NotFound(f"no job {job!r}: the job's agents must send telemetry first")
+
+
+def _own_address(addr: str, request: Request) -> str:
+    """``addr`` (IP:port) if its IP is the one the request comes from (422 otherwise): other
+    agents will send probe traffic to it, so an agent may name only itself."""
+    host, sep, port = addr.rpartition(":")
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+        if not sep or not 0 < int(port) < 65536:
+            raise ValueError(addr)
+    except ValueError:
+        raise InvalidRequest(f"probe_addr {addr!r} is not IP:port") from None
+    client = request.client.host if request.client is not None else None
+    try:
+        same = client is not None and ipaddress.ip_address(client) == ip
+    except ValueError:
+        same = False
+    if not same:
+        raise InvalidRequest(
+            f"probe_addr {addr!r} is not this agent's own address (the request comes from "
+            f"{client}); behind NAT or a proxy set FAILSLOW_PROBES__OWN_ADDRESS_ONLY=false"
+        )
+    return addr
 
 
 class ProbeTask(BaseModel):
@@ -56,8 +98,12 @@ def get_tasks(
     job: JobId,
     host: Annotated[str, Path(max_length=128)],
     ctx: CtxDep,
+    request: Request,
     probe_addr: Annotated[str | None, Query(max_length=128)] = None,
 ) -> HostTasks:
+    _known(ctx, job)
+    if probe_addr and ctx.settings.probes.own_address_only:
+        probe_addr = _own_address(probe_addr, request)
     tasks = ctx.probes.poll(job, host, probe_addr) if ctx.settings.probes.enabled else []
     return HostTasks(
         probes=[ProbeTask(**t) for t in tasks],
@@ -95,6 +141,7 @@ def get_campaigns(job: JobId, ctx: CtxDep) -> dict[str, Any]:
     summary="Declare whether the job is in a critical phase (no probes unless allowed)",
 )
 def put_phase(job: JobId, body: Phase, ctx: CtxDep) -> dict[str, Any]:
+    _known(ctx, job)
     ctx.probes.set_critical(job, body.critical)
     return {"job": job, "critical": body.critical}
 

@@ -34,3 +34,8 @@ class ProbeSettings(BaseModel):
         default=10.0, ge=0, description="How long a campaign waits for every host's endpoint."
     )
     keep_campaigns: int = Field(default=20, ge=1, description="Campaigns kept per job.")
+    own_address_only: bool = Field(
+        default=True,
+        description="An agent may announce only a probe address on the IP its request comes "
+        "from (other agents will send probe traffic there); turn off behind NAT or a proxy.",
+    )

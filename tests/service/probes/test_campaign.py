@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from failslow.agents.probe import EchoServer, ProbeWorker, measure
+from failslow.service.app import create_app
 from failslow.service.db import make_engine, make_sessionmaker, session_scope
 from failslow.service.incidents.models import Incident
 from failslow.service.incidents.service import IncidentDraft, open_incident
@@ -136,6 +139,37 @@ def test_unknown_task_is_404_and_probes_need_the_ingest_role(service: str) -> No
     assert r.status_code == 404 and r.headers["content-type"].startswith("application/problem+json")
     r = httpx.get(f"{service}/v1/jobs/{JOB}/hosts/h0/tasks")
     assert r.status_code == 200 and r.json() == {"probes": [], "dumps": [], "poll_s": 1.0}
+
+
+def test_unknown_jobs_are_404_and_agents_announce_only_their_own_address(
+    service: str, db_url: str
+) -> None:
+    """A token must not create state for jobs nobody runs, nor point other agents' probe
+    traffic at an address of its choosing (issue 17)."""
+    for r in (
+        httpx.put(f"{service}/v1/jobs/nobody/phase", json={"critical": True}),
+        httpx.get(f"{service}/v1/jobs/nobody/hosts/h0/tasks", params={"probe_addr": "127.0.0.1:9"}),
+    ):
+        assert r.status_code == 404 and r.headers["content-type"] == "application/problem+json"
+    tasks = f"{service}/v1/jobs/{JOB}/hosts/h0/tasks"
+    for addr in ("10.1.2.3:7100", "203.0.113.9:7100", "127.0.0.1", "127.0.0.1:0", "x:1"):
+        r = httpx.get(tasks, params={"probe_addr": addr})
+        assert r.status_code == 422, addr
+    assert httpx.get(tasks, params={"probe_addr": "127.0.0.1:7100"}).status_code == 200
+    view = httpx.get(f"{service}/v1/jobs/{JOB}/probes").json()
+    assert view["endpoints"] == {"h0": "127.0.0.1:7100"}
+
+
+def test_a_job_leaving_memory_takes_its_probe_state_along(tmp_path: Path) -> None:
+    settings = Settings(database_url=f"sqlite:///{tmp_path}/f.db")
+    with TestClient(create_app(settings)) as c:
+        env = envelope(job=JOB, host="h0", sent_ns=T0, ranks=[{"rank": 0, "world_size": 1}])
+        assert c.post("/v1/ingest", json=env).status_code == 200
+        assert c.put(f"/v1/jobs/{JOB}/phase", json={"critical": True}).status_code == 200
+        ctx = c.app.state.ctx  # type: ignore[attr-defined]
+        assert ctx.probes.critical == {JOB: True}
+        ctx.jobs.evict_idle(now_wall=time.monotonic() + 10 * settings.state.evict_after_s)
+        assert ctx.jobs.get(JOB) is None and ctx.probes.critical == {}
 
 
 def test_measure_and_echo_over_loopback() -> None:
