@@ -52,6 +52,8 @@ class AgentStats:
     unencodable_records: int = 0  # v2: naming an unannounced comm or an unknown op
     registrations: int = 0  # v2: topologies registered with the service
     auth_failures: int = 0  # attempts the service answered 401/403 (the envelopes are kept)
+    outbox_in_memory: int = 0  # envelopes held in memory because the disk did not take them
+    disk_errors: int = 0  # outbox writes that failed (full or broken disk)
     last_error: str | None = None
 
 
@@ -118,6 +120,7 @@ class NodeAgent(Shipping):
         self._last_seal = time.monotonic()
         self._last_post = time.monotonic()
         self._auth_alarm_at = float("-inf")
+        self.refused_records = 0  # in envelopes the service refused as invalid
         self._threads: list[threading.Thread] = []
         self._sock: socket.socket | None = None
         self._save_state()
@@ -205,9 +208,13 @@ class NodeAgent(Shipping):
                 }
                 payload = wire.encode_envelope(envelope)
             self._collectives, self._steps = [], []
-            self.outbox.put(seq, payload, records)
+            self.outbox.put(seq, payload, records)  # on disk, or in memory while it is full
             self.stats.records_sealed += records
-            self._save_state()
+            try:
+                self._save_state()
+            except OSError as exc:  # a full disk: next_seq is safe in memory and in the outbox
+                self.stats.last_error = f"cannot save agent state: {exc}"
+                log.error("cannot save agent state (%s); going on", exc)
         for f in consumed:  # sealed durably: the SDK's files can go
             f.unlink(missing_ok=True)
         self._wake_sender.set()
@@ -239,6 +246,8 @@ class NodeAgent(Shipping):
 
     def _sealer_loop(self) -> None:
         while not self._stop.wait(0.05):
+            if self.outbox.in_memory():
+                self.outbox.spill()  # the disk may take them again
             if time.monotonic() - self._last_seal >= self.flush_interval_s:
                 try:
                     self.seal()
@@ -297,13 +306,19 @@ class NodeAgent(Shipping):
     def _refresh_stats(self) -> None:
         self.stats.outbox_envelopes = len(self.outbox)
         self.stats.outbox_bytes = self.outbox.bytes
-        self.stats.dropped_records = max(self.stats.dropped_records, self.outbox.dropped_records)
+        self.stats.outbox_in_memory = self.outbox.in_memory()
+        self.stats.disk_errors = self.outbox.disk_errors
+        # refused by the service + dropped by the outbox's bounds (each counted once)
+        self.stats.dropped_records = self.refused_records + self.outbox.dropped_records
 
     def write_stats(self) -> None:
         self._refresh_stats()
         tmp = self.state_dir / "stats.json.tmp"
-        tmp.write_bytes(orjson.dumps(asdict(self.stats)))
-        os.replace(tmp, self.state_dir / "stats.json")
+        try:
+            tmp.write_bytes(orjson.dumps(asdict(self.stats)))
+            os.replace(tmp, self.state_dir / "stats.json")
+        except OSError as exc:  # a full disk must not stop the agent; the log still says it
+            log.warning("cannot write %s (%s)", self.state_dir / "stats.json", exc)
 
     def start(self) -> None:
         targets = [self._sender_loop, self._sealer_loop]

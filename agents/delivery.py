@@ -47,6 +47,7 @@ class Shipping:
         _stop: threading.Event
         _last_post: float
         _auth_alarm_at: float
+        refused_records: int
 
     # -- delivery ------------------------------------------------------------------------------
     def deliver_once(self) -> str:
@@ -126,7 +127,8 @@ class Shipping:
             self._stop.wait(wait)
             return "retry"
         self.stats.refused_envelopes += 1
-        self.stats.dropped_records += records
+        self.refused_records += records
+        self.stats.dropped_records = self.refused_records + self.outbox.dropped_records
         self.stats.last_error = f"HTTP {result.status}: {result.error}"
         log.error(
             "service refused envelope %d (%s); moved to %s",
