@@ -58,8 +58,11 @@ class V2Sealer:
         while len(self.registrations) > KEPT:
             self.registrations.popitem(last=False)
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_bytes(orjson.dumps(self.registrations))
-        os.replace(tmp, self.path)
+        try:
+            tmp.write_bytes(orjson.dumps(self.registrations))
+            os.replace(tmp, self.path)
+        except OSError as exc:  # a full disk: kept in memory, written with the next new one
+            log.error("cannot save registrations to %s (%s); kept in memory", self.path, exc)
 
     def topology(
         self, ranks: list[dict[str, Any]], comms: list[dict[str, Any]], sent_ns: int

