@@ -1,17 +1,32 @@
-"""Bearer-token authentication by role. Tokens are compared as SHA-256 hashes only."""
+"""Bearer-token authentication by role. Tokens are compared as SHA-256 hashes only.
+
+An ingest token may be scoped to job-id patterns (``ingest_scopes``): it may then send and act
+only for jobs whose id matches one (403 otherwise). With ``tokens_file`` the tokens are read
+from a JSON file, again whenever it changes (checked at most once a second): rotating a token
+needs no restart.
+"""
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import hmac
+import json
+import logging
+import threading
+import time
 from enum import StrEnum
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
 from fastapi import Request
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_validator
 from pydantic_settings import NoDecode
 
 from failslow.service.errors import Forbidden, Unauthorized
+
+log = logging.getLogger(__name__)
+RELOAD_EVERY_S = 1.0
 
 
 class Role(StrEnum):
@@ -56,18 +71,62 @@ class AuthSettings(BaseModel):
         default_factory=list,
         description="Tokens that may approve/reject actions and flush jobs; they can also read.",
     )
+    ingest_scopes: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="Ingest tokens limited to job-id patterns (fnmatch), as JSON: "
+        '{"<token or sha256:hash>": ["team-a-*"]}. Such a token is an ingest token.',
+    )
+    tokens_file: str | None = Field(
+        default=None,
+        description="A JSON file with any of ingest_tokens, read_tokens, operator_tokens and "
+        "ingest_scopes; it replaces them and is read again whenever it changes.",
+    )
     metrics_public: bool = Field(
         default=True, description="Serve /metrics without a token (Prometheus scrapes it)."
     )
+    _file: tuple[float, float, AuthSettings | None] = PrivateAttr(default=(0.0, -1.0, None))
+    _file_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
 
     @field_validator("ingest_tokens", "read_tokens", "operator_tokens", mode="before")
     @classmethod
     def _tokens(cls, value: object) -> list[str]:
         return _normalise_token_list(value)
 
+    @field_validator("ingest_scopes", mode="after")
+    @classmethod
+    def _scopes(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        return {_normalise_token_list([k])[0]: list(v) for k, v in value.items() if k.strip()}
+
     @property
     def enabled(self) -> bool:
-        return bool(self.ingest_tokens or self.read_tokens or self.operator_tokens)
+        a = self.effective()
+        return bool(a.ingest_tokens or a.ingest_scopes or a.read_tokens or a.operator_tokens)
+
+    def effective(self) -> AuthSettings:
+        """These settings, or those of ``tokens_file`` as it reads now (the last good reading
+        when it is being rewritten or broken)."""
+        if self.tokens_file is None:
+            return self
+        checked, mtime, loaded = self._file
+        now = time.monotonic()
+        if loaded is not None and now - checked < RELOAD_EVERY_S:
+            return loaded
+        with self._file_lock:
+            path = Path(self.tokens_file)
+            try:
+                current = path.stat().st_mtime
+                if loaded is None or current != mtime:
+                    raw: dict[str, Any] = json.loads(path.read_text())
+                    keep = {"metrics_public": self.metrics_public}
+                    loaded = AuthSettings.model_validate({**raw, **keep})
+                    mtime = current
+                    log.info("tokens read from %s", path)
+            except (OSError, ValueError, ValidationError) as exc:
+                if loaded is None:  # no good reading yet: nobody gets in (fail closed)
+                    loaded = AuthSettings(read_tokens=["sha256:" + "0" * 64])
+                log.error("cannot read tokens from %s (%s); keeping the last good ones", path, exc)
+            self._file = (now, mtime, loaded)
+            return loaded
 
 
 def _matches(digest: str, hashes: list[str]) -> bool:
@@ -80,7 +139,7 @@ def _matches(digest: str, hashes: list[str]) -> bool:
 def roles_of(token: str, auth: AuthSettings) -> set[Role]:
     digest = hash_token(token)
     roles: set[Role] = set()
-    if _matches(digest, auth.ingest_tokens):
+    if _matches(digest, auth.ingest_tokens) or _matches(digest, list(auth.ingest_scopes)):
         roles.add(Role.INGEST)
     if _matches(digest, auth.read_tokens):
         roles.add(Role.READ)
@@ -90,7 +149,10 @@ def roles_of(token: str, auth: AuthSettings) -> set[Role]:
 
 
 def check(request: Request, auth: AuthSettings, role: Role) -> None:
-    """Raise 401/403 unless auth is off or the request carries a token with ``role``."""
+    """Raise 401/403 unless auth is off or the request carries a token with ``role``. A
+    scoped ingest token leaves its patterns in ``request.state.job_scope`` (see
+    :func:`allow_job`); a job in the path is checked here."""
+    auth = auth.effective()
     if not auth.enabled:
         return
     header = request.headers.get("authorization", "")
@@ -102,3 +164,19 @@ def check(request: Request, auth: AuthSettings, role: Role) -> None:
         raise Unauthorized("unknown token", headers={"WWW-Authenticate": "Bearer"})
     if role not in roles:
         raise Forbidden(f"this token lacks the {role.value!r} role")
+    if role == Role.INGEST and Role.OPERATOR not in roles:
+        request.state.job_scope = auth.ingest_scopes.get(hash_token(token.strip()))
+        job = request.path_params.get("job")
+        if job is not None:
+            allow_job(request, job)
+
+
+class OutOfScope(Forbidden):
+    """The token is scoped to other jobs."""
+
+
+def allow_job(request: Request, job: str) -> None:
+    """403 unless the request's token may act for ``job`` (tokens without a scope may)."""
+    scope: list[str] | None = getattr(request.state, "job_scope", None)
+    if scope is not None and not any(fnmatch.fnmatchcase(job, p) for p in scope):
+        raise OutOfScope(f"this token may not act for job {job!r}")

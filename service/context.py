@@ -10,7 +10,7 @@ from fastapi import Depends, Path, Request
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from failslow.service.auth import Role, check
+from failslow.service.auth import OutOfScope, Role, check
 from failslow.service.errors import Forbidden
 from failslow.service.ids import IDENTIFIER
 from failslow.service.lease import Lease
@@ -77,6 +77,8 @@ def require_any(*roles: Role) -> Callable[[Request, AppContext], Awaitable[None]
             try:
                 check(request, ctx.settings.auth, role)
                 return
+            except OutOfScope:
+                raise
             except Forbidden:
                 continue
         check(request, ctx.settings.auth, roles[-1])

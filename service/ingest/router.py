@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
+from failslow.service.auth import allow_job
 from failslow.service.bus.client import MessageKind
 from failslow.service.context import CtxDep, IngestAuth
 from failslow.service.ingest.admission import admit
@@ -47,6 +48,7 @@ async def ingest(request: Request, ctx: CtxDep) -> IngestResult:
         )
         ctx.metrics.bytes.labels(encoding).inc(received)
         envelope = parse_envelope(body)
+        allow_job(request, envelope.job)  # a token scoped to other jobs: 403
         if ctx.bus is not None:
             e = envelope
             return None, await publish(

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Path, Request, Response
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
+from failslow.service.auth import allow_job
 from failslow.service.context import AppContext, CtxDep, IngestAuth, JobId
 from failslow.service.errors import (
     InvalidEnvelope,
@@ -163,6 +164,7 @@ async def handle_v2(request: Request, ctx: AppContext) -> Response:
         except v2.FormatError as exc:
             raise InvalidEnvelope(str(exc)) from None
         _check_header(header)
+        allow_job(request, header["job"])  # a token scoped to other jobs: 403
         try:
             if ctx.bus is not None:
                 return None, await publish_v2(ctx.bus, header, body)
