@@ -56,6 +56,7 @@ def loads(blob: bytes, settings: StateSettings) -> tuple[JobState, JobRuntime | 
     state.lock = threading.RLock()
     state.settings = settings
     state.last_wall = time.monotonic()
+    state.clock.rebase(state.last_wall)  # its host times were another process's monotonic clock
     state.deltas = {}
     state.dirty_streams = set()
     state.new_registrations = {}

@@ -75,6 +75,12 @@ class EventClock:
             self.ahead_ns.pop(host_id, None)
         self.watermark_ns = max(self.watermark_ns, min(sent_ns, bound))
 
+    def rebase(self, wall: float) -> None:
+        """After a restore in another process (its monotonic clock differs): every known host
+        counts as heard from now, and stops voting ``live_s`` later unless it sends."""
+        self._wall[self._newest != NONE] = wall
+        self._median = NONE
+
     def restore(self, watermark_ns: int) -> None:
         """The watermark a job had before a restart (its hosts vote again as they send)."""
         self.watermark_ns = max(self.watermark_ns, watermark_ns)

@@ -87,3 +87,11 @@ def test_job_state_holds_a_jumping_host_back_and_restores_the_watermark() -> Non
     again = JobState("j", StateSettings())
     again.watermark_ns = state.watermark_ns  # what a restart reads from the database
     assert again.watermark_ns == state.watermark_ns
+
+
+def test_a_restored_clock_lets_silent_hosts_stop_voting() -> None:
+    c = clock()
+    round_of(c, 3, T0, wall=1e9)  # another process's monotonic clock, far ahead of ours
+    c.rebase(0.0)
+    c.observe(2, T0 + 30 * S, wall=20.0)  # hosts 0 and 1 never send again
+    assert c.watermark_ns == T0 + 30 * S
