@@ -23,7 +23,7 @@ from failslow.service.detection.engine import JobRuntime
 from failslow.service.stream.settings import StateSettings
 from failslow.service.stream.state import JobState
 
-FORMAT = 2  # 2: a JobState keeps its watermark in an EventClock (stream/clock.py)
+FORMAT = 3  # 2: JobState.clock (stream/clock.py); 3: Topology.budget (stream/topology.py)
 _RUNTIME_SKIP = ("lock", "shape", "shape_version")  # rebuilt on the next pass
 
 

@@ -89,10 +89,13 @@ def check_registration(
     new = [c for c in comms if c.comm not in topo.comms]
     if len(topo.comms) + len(new) > topo.max_comms:
         errors.append({"loc": "comms", "msg": f"job exceeds {topo.max_comms} comms"})
-    if topo.comm_members + sum(len(c.ranks) for c in new) > topo.max_comm_members:
+    adding = sum(len(c.ranks) for c in new)
+    if topo.comm_members + adding > topo.max_comm_members:
         errors.append(
             {"loc": "comms", "msg": f"job exceeds {topo.max_comm_members} communicator members"}
         )
+    elif topo.budget is not None and not topo.budget.fits(adding):
+        errors.append({"loc": "comms", "msg": topo.budget.refusal(adding)})
     # members of known comms are ranks of the job already: only new comms can add ranks
     members = {r for c in new for r in c.ranks} | {r.rank for r in ranks}
     if len(topo.ranks) + sum(1 for r in members if r not in topo.ranks) > topo.max_ranks:

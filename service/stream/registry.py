@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from failslow.service.stream.settings import StateSettings
 from failslow.service.stream.state import JobState
+from failslow.service.stream.topology import MemberBudget
 
 log = logging.getLogger(__name__)
 
@@ -37,22 +38,37 @@ class JobRegistry:
         self.holds = holds
         self._jobs: dict[str, JobState] = {}
         self._lock = threading.Lock()
+        self.members = MemberBudget(settings.max_total_comm_members)
+
+    def _hold(self, job: str, state: JobState) -> None:
+        """Keep ``state`` (under the lock): its members count against the service's budget."""
+        self._jobs[job] = state
+        state.topology.budget = self.members
+        self.members.add(state.topology.comm_members)  # what it holds already, even past it
+
+    def _let_go(self, state: JobState) -> None:
+        self.members.release(state.topology.comm_members)
+        state.topology.budget = None
 
     def adopt(self, job: str, state: JobState) -> None:
         """Hold ``state`` for ``job`` (a replica resuming a job from its snapshot)."""
         with self._lock:
             old = self._jobs.pop(job, None)
-            if old is None and len(self._jobs) >= self.settings.max_jobs:
+            if old is not None:
+                self._let_go(old)
+            elif len(self._jobs) >= self.settings.max_jobs:
                 self._evict_one()
-            self._jobs[job] = state
+            self._hold(job, state)
         if old is not None:
             self._evicted(job)
 
     def drop(self, job: str) -> None:
         """Forget ``job`` now, committed or not (its replica no longer owns it)."""
         with self._lock:
-            gone = self._jobs.pop(job, None) is not None
-        if gone:
+            state = self._jobs.pop(job, None)
+            if state is not None:
+                self._let_go(state)
+        if state is not None:
             self._evicted(job)
 
     def get(self, job: str) -> JobState | None:
@@ -76,7 +92,7 @@ class JobRegistry:
                 log.info("job %s reloaded from the database", job)
             if len(self._jobs) >= self.settings.max_jobs:
                 self._evict_one()
-            self._jobs[job] = state
+            self._hold(job, state)
             return state
 
     def _evict_one(self) -> None:
@@ -88,6 +104,7 @@ class JobRegistry:
         victim = candidates[0]
         log.warning("evicting job %s from memory (max_jobs=%d)", victim.job, self.settings.max_jobs)
         del self._jobs[victim.job]
+        self._let_go(victim)
         self._evicted(victim.job)
 
     def evict_idle(self, now_wall: float | None = None) -> list[str]:
@@ -97,6 +114,7 @@ class JobRegistry:
             for job, state in list(self._jobs.items()):
                 if state.idle() and now - state.last_wall > self.settings.evict_after_s:
                     del self._jobs[job]
+                    self._let_go(state)
                     gone.append(job)
         for job in gone:
             self._evicted(job)

@@ -49,6 +49,13 @@ class StateSettings(BaseModel):
     members_per_rank: float = Field(
         default=64.0, ge=0, description="Per rank: communicator memberships, all comms together."
     )
+    max_total_comm_members: int = Field(
+        default=10_000_000,
+        gt=0,
+        description="All jobs in memory together: communicator memberships (~150 B each, so "
+        "~1.5 GB by default; a 100K-rank TP8 x PP4 job holds ~400K); past it new communicators "
+        "are refused with this reason.",
+    )
     max_jobs: int = Field(default=1_000, gt=0, description="Jobs held in memory at once.")
     frame_grace_s: float = Field(
         default=5.0,

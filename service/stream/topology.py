@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -37,6 +39,39 @@ class CommInfo:
     index: int = 0  # dense number of the comm within its job
 
 
+class MemberBudget:
+    """Communicator members held in memory over all jobs of one service (~100 B each): the
+    per-job caps do not bound a flood of jobs. Shared by the jobs a registry holds."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def fits(self, n: int) -> bool:
+        return self.used + n <= self.limit
+
+    def refusal(self, n: int) -> str:
+        return (
+            f"the service holds {self.used} communicator members over all jobs; {n} more "
+            f"exceed its limit of {self.limit} (FAILSLOW_STATE__MAX_TOTAL_COMM_MEMBERS)"
+        )
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.used += n
+
+    def release(self, n: int) -> None:
+        with self._lock:
+            self.used = max(0, self.used - n)
+
+    def __getstate__(self) -> dict[str, Any]:  # a snapshot keeps no lock; a registry re-attaches
+        return {"limit": self.limit, "used": 0}
+
+    def __setstate__(self, d: dict[str, Any]) -> None:
+        self.limit, self.used, self._lock = d["limit"], d["used"], threading.Lock()
+
+
 class Topology:
     """Ranks, hosts and comms of one job. Mutated only under the job lock."""
 
@@ -45,6 +80,7 @@ class Topology:
         self.max_comms = max_comms
         self.max_comm_members = max_comm_members
         self.comm_members = 0  # members of all comms together
+        self.budget: MemberBudget | None = None  # the service's, while a registry holds the job
         self.ranks: dict[int, RankInfo] = {}
         self.slot_rank: list[int] = []
         self.hosts: dict[str, HostInfo] = {}
@@ -152,6 +188,8 @@ class Topology:
             raise RecordError(
                 Reject.LIMIT, f"job exceeds {self.max_comm_members} communicator members"
             )
+        if self.budget is not None and not self.budget.fits(len(ann.ranks)):
+            raise RecordError(Reject.LIMIT, self.budget.refusal(len(ann.ranks)))
         missing = sum(1 for r in ann.ranks if r not in self.ranks)
         if len(self.ranks) + missing > self.max_ranks:
             raise RecordError(Reject.LIMIT, f"job exceeds {self.max_ranks} ranks")
@@ -167,6 +205,8 @@ class Topology:
         self.comms[ann.comm] = info
         self.comm_list.append(info)
         self.comm_members += len(ann.ranks)
+        if self.budget is not None:
+            self.budget.add(len(ann.ranks))
         self.dirty_comms.add(ann.comm)
         self.version += 1
 

@@ -254,3 +254,23 @@ def test_load_shedding_is_429_with_retry_after(client: TestClient) -> None:
     assert r.status_code == 429
     assert r.headers["retry-after"] == "1"
     assert r.headers["content-type"] == PROBLEM
+
+
+def test_members_over_all_jobs_are_bounded_with_a_clear_reason(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from failslow.service.app import create_app
+    from failslow.service.settings import Settings
+    from failslow.service.stream.settings import StateSettings
+
+    settings = Settings(database_url=f"sqlite:///{tmp_path}/f.db",
+                        state=StateSettings(max_total_comm_members=6))  # fmt: skip
+    with TestClient(create_app(settings)) as c:
+        h0, _ = two_hosts()  # a comm of 4 members
+        assert post(c, envelope(**h0)).json()["rejected"] == []
+        other = {"comm": "dp-9", "kind": "dp", "ranks": [0, 1, 2, 3]}
+        r = post(c, envelope(job="job-b", comms=[other]))
+        assert r.status_code == 200
+        [rej] = r.json()["rejected"]
+        assert rej["index"] == "comms[0]" and "over all jobs" in rej["reason"]
+        reg = {"sent_ns": 1, "ranks": [{"rank": 0, "world_size": 4}], "comms": [other]}
+        r = c.put("/v2/jobs/job-c/topology/h0", json=reg)
+        assert r.status_code == 422 and "over all jobs" in r.text
