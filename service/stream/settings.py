@@ -52,8 +52,8 @@ class StateSettings(BaseModel):
     max_total_comm_members: int = Field(
         default=10_000_000,
         gt=0,
-        description="All jobs in memory together: communicator memberships (~150 B each, so "
-        "~1.5 GB by default; a 100K-rank TP8 x PP4 job holds ~400K); past it new communicators "
+        description="All jobs in memory together: communicator memberships (~215 B each, so "
+        "~2.1 GB by default; a 100K-rank TP8 x PP4 job holds ~400K); past it new communicators "
         "are refused with this reason.",
     )
     max_jobs: int = Field(default=1_000, gt=0, description="Jobs held in memory at once.")
