@@ -29,7 +29,7 @@ def test_no_operation_answers_a_server_error(tmp_path: Path) -> None:
             [str(ST), "run", f"{url}/openapi.json", "--checks", "not_a_server_error",
              "--max-examples", "12", "--exclude-path", "/v2/ingest", "--seed", "1",
              "--no-color"],
-            capture_output=True, text=True, timeout=300,
+            capture_output=True, text=True, timeout=300, cwd=tmp_path,  # its .schemathesis/ there
         )  # fmt: skip
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert " passed" in run.stdout and "generated" in run.stdout
