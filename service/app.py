@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -49,9 +50,35 @@ from failslow.service.ui.router import router as ui_router
 log = logging.getLogger(__name__)
 
 
+class FailureLog:
+    """Log a loop's failure with its traceback once, then one line every ``every_s`` while it
+    keeps failing (a database away for a minute is not 600 tracebacks), and its recovery."""
+
+    def __init__(self, what: str, every_s: float = 30.0) -> None:
+        self.what, self.every_s = what, every_s
+        self.failures, self.last_logged = 0, -float("inf")
+
+    def failed(self, exc: BaseException) -> None:
+        self.failures += 1
+        now = time.monotonic()
+        if self.failures == 1:
+            log.error("%s failed", self.what, exc_info=exc)
+        elif now - self.last_logged >= self.every_s:
+            log.error("%s still failing (%d times): %s", self.what, self.failures, exc)
+        else:
+            return
+        self.last_logged = now
+
+    def succeeded(self) -> None:
+        if self.failures:
+            log.warning("%s works again after %d failures", self.what, self.failures)
+            self.failures = 0
+
+
 async def detection_loop(ctx: AppContext) -> None:
     """Run detection over jobs with new data every ``detection.interval_s``; never dies."""
     interval = ctx.settings.detection.interval_s
+    failures = FailureLog("detection loop iteration")
     while True:
         if ctx.lease is not None and ctx.lease.lost:  # another service writes now
             await asyncio.sleep(interval)
@@ -61,10 +88,11 @@ async def detection_loop(ctx: AppContext) -> None:
             await run_in_threadpool(ctx.mitigation.run_due)
             await run_in_threadpool(ctx.probes.run_due)
             ctx.jobs.evict_idle()
+            failures.succeeded()
         except asyncio.CancelledError:
             raise
-        except Exception:  # noqa: BLE001
-            log.exception("detection loop iteration failed")
+        except Exception as exc:  # noqa: BLE001
+            failures.failed(exc)
         await asyncio.sleep(interval)
 
 

@@ -3,9 +3,6 @@ envelopes wait in memory, go to disk when space returns, and are all delivered (
 
 from __future__ import annotations
 
-import contextlib
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +10,7 @@ import pytest
 
 from failslow.agents.agent import NodeAgent
 from failslow.service.settings import Settings
+from tests.infra.disk import fill, small_tmpfs
 from tests.live import free_port, live_service, wait_for
 
 JOB = "disk-job"
@@ -20,26 +18,10 @@ JOB = "disk-job"
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    where = tmp_path / "fs"
-    where.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], capture_output=True
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
+    with small_tmpfs(tmp_path / "fs") as where:
+        if isinstance(where, str):
+            pytest.skip(where)
         yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def fill(where: Path) -> Path:
-    filler = where / "filler"
-    with contextlib.suppress(OSError), open(filler, "wb") as fh:  # until ENOSPC (close too)
-        while True:
-            fh.write(os.urandom(64 << 10))
-            fh.flush()
-    return filler
 
 
 def batch(agent: NodeAgent, first: int, n: int) -> None:

@@ -24,6 +24,7 @@ def main() -> None:
         rec.register_comm("world", "dp", list(range(8)))
     rng = random.Random(0)
     total = 0
+    per_host = {"h0": 0, "h1": 0}
     step = 0
     started = time.monotonic()
     while time.monotonic() - started < seconds:
@@ -44,6 +45,7 @@ def main() -> None:
             )
             rec.record_step(rank=r, step=step, start_ns=t0, end_ns=end)
             total += 2
+            per_host[f"h{r // 4}"] += 2
         step += 1
     ok = all(rec.flush(timeout_s=30) for rec in recs.values())
     for rec in recs.values():
@@ -52,6 +54,7 @@ def main() -> None:
         json.dump(
             {
                 "records": total,
+                "per_host": per_host,
                 "steps": step,
                 "flushed": ok,
                 "dropped": sum(r.stats.dropped for r in recs.values()),

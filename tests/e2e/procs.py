@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -61,6 +62,26 @@ def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: floa
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def spawn_agent(
+    url: str, job: str, host: str, state: Path, sock: Path, env: dict[str, str], log: Path
+) -> subprocess.Popen[bytes]:
+    """A node agent process fed over ``sock`` (the SDK's socket), retrying quickly."""
+    return spawn(
+        CLI + ["agent", "--service", url, "--job", job, "--host", host, "--socket", str(sock),
+               "--state-dir", str(state), "--flush-interval", "0.2", "--heartbeat", "1",
+               "--max-backoff", "0.5"],
+        env, log,
+    )  # fmt: skip
+
+
+def agent_stats(state: Path) -> dict:  # type: ignore[type-arg]
+    """What the agent last wrote to ``state/stats.json`` ({} before it wrote any)."""
+    try:
+        return json.loads((state / "stats.json").read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 @contextmanager

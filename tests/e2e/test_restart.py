@@ -12,18 +12,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.procs import CLI, env_for, spawn, start_service, stop
+from tests.e2e.procs import agent_stats, env_for, spawn_agent, start_service, stop
 from tests.live import free_port, wait_for
 
 pytestmark = pytest.mark.e2e
 JOB = "restart-job"
-
-
-def agent_stats(state: Path) -> dict:  # type: ignore[type-arg]
-    try:
-        return json.loads((state / "stats.json").read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 @pytest.mark.parametrize("snapshots", ["default", "every-0.5s"])
@@ -43,30 +36,8 @@ def test_kill_and_restart_loses_nothing(tmp_path: Path, snapshots: str) -> None:
         agents.append(
             (
                 state,
-                spawn(
-                    CLI
-                    + [
-                        "agent",
-                        "--service",
-                        url,
-                        "--job",
-                        JOB,
-                        "--host",
-                        f"h{h}",
-                        "--socket",
-                        str(tmp_path / f"h{h}.sock"),
-                        "--state-dir",
-                        str(state),
-                        "--flush-interval",
-                        "0.2",
-                        "--heartbeat",
-                        "1",
-                        "--max-backoff",
-                        "0.5",
-                    ],
-                    env_for(db),
-                    tmp_path / f"agent{h}.log",
-                ),
+                spawn_agent(url, JOB, f"h{h}", state, tmp_path / f"h{h}.sock", env_for(db),
+                            tmp_path / f"agent{h}.log"),  # fmt: skip
             )
         )
     assert wait_for(lambda: all((tmp_path / f"h{h}.sock").exists() for h in (0, 1)))

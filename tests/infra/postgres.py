@@ -45,6 +45,19 @@ def unavailable() -> str | None:
 class Server:
     port: int
     socket_dir: str
+    data: str = ""  # the data directory (for restart)
+    options: str = ""  # the server's command-line options (for restart)
+
+    def restart(self, down_s: float = 0.0) -> None:
+        """Crash the server (``-m immediate``: no checkpoint, connections cut), wait ``down_s``
+        and start it again on the same port and data; returns once it accepts connections."""
+        ctl = [*_AS_PG, str(_bindir() / "pg_ctl"), "-D", self.data]  # type: ignore[operator]
+        subprocess.run([*ctl, "-m", "immediate", "-w", "stop"], check=True, capture_output=True)
+        time.sleep(down_s)
+        log = str(Path(self.data).parent / "log")
+        subprocess.run([*ctl, "-o", self.options, "-l", log, "-w", "-t", "60", "start"],
+                       check=True, capture_output=True)  # fmt: skip
+        _wait_accepting(self.port)
 
     def url(self, db: str) -> str:
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{db}"
@@ -59,6 +72,17 @@ class Server:
         ) as c:
             c.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
+
+
+_AS_PG = ["runuser", "-u", "postgres", "--"]
+
+
+def _wait_accepting(port: int, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+            return
+        time.sleep(0.1)
 
 
 def _free_port() -> int:
@@ -76,7 +100,7 @@ def server() -> Iterator[Server]:
     sock.mkdir()
     shutil.chown(root, "postgres")
     shutil.chown(sock, "postgres")
-    as_pg = ["runuser", "-u", "postgres", "--"]
+    as_pg = _AS_PG
     port = _free_port()
     subprocess.run(
         [*as_pg, str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres",
@@ -90,12 +114,8 @@ def server() -> Iterator[Server]:
         check=True, capture_output=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-                break
-            time.sleep(0.1)
-        yield Server(port, str(sock))
+        _wait_accepting(port)
+        yield Server(port, str(sock), str(data), opts)
     finally:
         subprocess.run(
             [*as_pg, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
