@@ -187,7 +187,10 @@ def build_context(settings: Settings) -> AppContext:
         probes.forget(job)
 
     jobs.on_evict = evicted
-    committer = Committer(sessions, settings.ingest.commit_interval_s, lease, snapshots)
+    committer = Committer(
+        sessions, settings.ingest.commit_interval_s, lease, snapshots,
+        refused=metrics.refused_row,
+    )  # fmt: skip
     ctx = AppContext(
         settings, engine, sessions, metrics, jobs, detection, mitigation, probes, committer, lease
     )

@@ -40,6 +40,13 @@ class Metrics:
         self.duplicates = Counter(
             "failslow_ingest_duplicate_records_total", "Re-sent records ignored.", registry=r
         )
+        self.refused_rows = Counter(
+            "failslow_storage_refused_rows_total",
+            "Rows of ingest accounting the database refused for good (dropped and logged, so "
+            "that the job's later envelopes are stored), by what the row held.",
+            ["row"],
+            registry=r,
+        )
         self.requests = Counter(
             "failslow_ingest_requests_total",
             "Ingest requests by HTTP status.",
@@ -118,6 +125,10 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+
+    def refused_row(self, row: str) -> None:
+        """Count a row of ingest accounting the database refused for good (``salvage.Row``)."""
+        self.refused_rows.labels(str(row)).inc()
 
     def add(self, collector: Collector) -> None:
         self.registry.register(collector)

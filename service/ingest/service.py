@@ -8,6 +8,10 @@ fails, what it carried goes back into the jobs (it is additive) and leaves with 
 commit; the clients get 503 and re-send, which the stream positions recognise as duplicates.
 Either way every record is counted exactly once.
 
+A commit the database refuses for good (a constraint, a value a column cannot hold) is written
+again row by row, dropping (logged, counted) only the rows refused: it never blocks the job
+(:mod:`.salvage`).
+
 Given :class:`Snapshots` (without a bus: ``replica.local.LocalSnapshots``), a commit also writes
 the snapshot of each job that is due, taken with its counters, in the same transaction.
 """
@@ -25,7 +29,8 @@ from starlette.concurrency import run_in_threadpool
 
 from failslow.service.db import session_scope
 from failslow.service.errors import Overloaded, Unavailable
-from failslow.service.jobs.service import Uncommitted, commit_ingest, restore, take_uncommitted
+from failslow.service.ingest.salvage import Row, store
+from failslow.service.jobs.service import Uncommitted, restore, take_uncommitted
 from failslow.service.lease import Lease
 from failslow.service.stream.registry import JobRegistry, RegistryFull
 from failslow.service.stream.state import JobState
@@ -70,11 +75,13 @@ class Committer:
         interval_s: float = 0.0,
         lease: Lease | None = None,
         snapshots: Snapshots | None = None,
+        refused: Callable[[Row], None] = lambda row: None,
     ) -> None:
         self.sessions = sessions
         self.interval_s = interval_s  # least time between two transactions
         self.lease = lease  # when it is lost, nothing more is written
         self.snapshots = snapshots
+        self.refused = refused  # called for each row the database refused for good
         self._waiting: list[tuple[JobState, asyncio.Future[None]]] = []
         self._wake: asyncio.Event | None = None
         self.commits = 0  # transactions written
@@ -134,7 +141,8 @@ class Committer:
                     fut.set_result(None)
 
     def write(self, states: list[JobState]) -> None:
-        """One transaction for everything the given jobs accumulated."""
+        """One transaction for everything the given jobs accumulated; a job's part that the
+        database refuses for good is written row by row (:mod:`.salvage`)."""
         taken: list[tuple[JobState, Uncommitted, bytes | None]] = []
         for state in states:
             if self.snapshots is not None and self.snapshots.due(state):
@@ -145,10 +153,9 @@ class Committer:
                 taken.append((state, take_uncommitted(state), None))
         try:
             with session_scope(self.sessions) as session:
-                for state, u, body in taken:
-                    commit_ingest(session, u=u)
-                    if body is not None and self.snapshots is not None:
-                        self.snapshots.write(session, state.job, body)
+                for _, u, body in taken:  # a job the database refuses does not block the others
+                    also = None if body is None else self._snapshot(u.job, body)
+                    store(session, u, self.refused, also)
         except BaseException:
             for state, u, _ in taken:
                 with state.lock:
@@ -160,3 +167,8 @@ class Committer:
             with state.lock:
                 state.persisted = True
                 state.committing -= 1
+
+    def _snapshot(self, job: str, body: bytes) -> Callable[[Session], None]:
+        snapshots = self.snapshots
+        assert snapshots is not None
+        return lambda session: snapshots.write(session, job, body)

@@ -4,13 +4,16 @@ reading what a new owner resumes from. Callers own the transaction."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from failslow.service.jobs.service import Uncommitted, commit_ingest
+from failslow.service.ingest import salvage
+from failslow.service.ingest.salvage import Row
+from failslow.service.jobs.service import Uncommitted
 from failslow.service.replica.models import BusPartition, JobSnapshot
 
 P = BusPartition.__table__
@@ -70,7 +73,13 @@ def resume_points(session: Session, *, partition: int) -> list[Resume]:
 
 
 def commit(
-    session: Session, *, partition: int, epoch: int, position: int, jobs: list[JobCommit]
+    session: Session,
+    *,
+    partition: int,
+    epoch: int,
+    position: int,
+    jobs: list[JobCommit],
+    refused: Callable[[Row], None] = lambda row: None,
 ) -> None:
     """One transaction: the jobs' counters and positions, their snapshots, and the partition's
     position, only while ``epoch`` still holds the partition."""
@@ -82,7 +91,7 @@ def commit(
     if not held:
         raise Fenced(f"partition {partition} is no longer held at epoch {epoch}")
     for jc in jobs:
-        commit_ingest(session, u=jc.u)
+        salvage.store(session, jc.u, refused)  # what the database refuses never blocks
         values: dict[str, object] = {"committed_seq": jc.seq}
         if jc.snapshot is not None:
             values.update(snapshot_seq=jc.seq, taken_ns=now, body=jc.snapshot)

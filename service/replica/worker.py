@@ -186,7 +186,8 @@ class PartitionWorker:
         try:
             with session_scope(o.sessions) as s:
                 store.commit(s, partition=self.partition, epoch=self.epoch,
-                             position=self.through, jobs=[jc for _, jc in taken])  # fmt: skip
+                             position=self.through, jobs=[jc for _, jc in taken],
+                             refused=o.metrics.refused_row)  # fmt: skip
         except (SQLAlchemyError, store.Fenced):
             for state, jc in taken:
                 with state.lock:
