@@ -194,6 +194,18 @@ def test_bad_gzip_is_400(client: TestClient) -> None:
     assert r.status_code == 400 and r.headers["content-type"] == PROBLEM
 
 
+@pytest.mark.parametrize("field", ["job", "host", "agent"])
+def test_an_id_ending_in_a_newline_is_refused(client: TestClient, field: str) -> None:
+    """``re.match`` with ``$`` accepted ``"job\\n"``: stored, then unreachable (issue 17)."""
+    body = envelope(steps=[step(0, 1, T0, T0 + MS)], ranks=[{"rank": 0, "world_size": 1}])
+    body[field] = "job-a\n" if field == "job" else "x\n"
+    body["batch_seq"] = 1
+    r = post(client, body | ({} if field == "agent" else {"agent": "a"}))
+    assert r.status_code == 400, r.text
+    assert [e["loc"] for e in r.json()["errors"]] == [field]
+    assert client.get("/v1/jobs").json() == []  # nothing was stored
+
+
 def test_data_after_the_gzip_stream_is_400_not_ignored(client: TestClient) -> None:
     h0, _ = two_hosts()
     raw = orjson.dumps(envelope(**h0, collectives=[coll(0, 0, T0, T0 + MS)]))

@@ -168,8 +168,11 @@ def test_a_job_leaving_memory_takes_its_probe_state_along(tmp_path: Path) -> Non
         assert c.put(f"/v1/jobs/{JOB}/phase", json={"critical": True}).status_code == 200
         ctx = c.app.state.ctx  # type: ignore[attr-defined]
         assert ctx.probes.critical == {JOB: True}
+        assert c.post(f"/v1/jobs/{JOB}/evaluate").status_code == 200
+        assert ctx.detection.existing(JOB) is not None
         ctx.jobs.evict_idle(now_wall=time.monotonic() + 10 * settings.state.evict_after_s)
         assert ctx.jobs.get(JOB) is None and ctx.probes.critical == {}
+        assert ctx.detection.existing(JOB) is None  # the detector state left too (issue 17)
 
 
 def test_measure_and_echo_over_loopback() -> None:
