@@ -4,7 +4,10 @@ Per frame (one training step), each rank's *lateness* is the time its peers spen
 inside collectives (see :mod:`failslow.detectors.lateness`). A compute straggler is late in
 **every** communicator it belongs to, while a rank that is merely delayed by someone else (the
 straggler's tensor-parallel peers, or its pipeline neighbours) is on time in at least one of them:
-so a rank's lateness is the *minimum* over the comm kinds it took part in. When step records exist,
+so a rank's lateness is the *minimum* over the comm kinds it took part in -- the kinds the rule
+models (data, tensor parallel, world); groups of other kinds (expert, context parallel, ``other``
+such as an embedding group spanning stages) count only for a rank in none of those, and never
+veto a straggler. When step records exist,
 the rank's compute time (step time minus time inside communication, on its own clock) must also
 exceed its role peers' (leave-one-out median within each tensor/data/expert-parallel group), as in
 NVIDIA nvidia-resiliency-ext's straggler scores, where communication time is excluded because
@@ -27,13 +30,18 @@ import numpy as np
 
 from failslow.detectors.defaults import DEFAULTS
 from failslow.detectors.robust import MAD_SCALE, group_median, loo_median
-from failslow.detectors.types import KIND_INDEX, KINDS, P2P, Frame, JobShape, PeerGroups
+from failslow.detectors.types import KIND_INDEX, P2P, Frame, JobShape, PeerGroups
 from failslow.detectors.vocab import CommKind
 
-# Kinds whose members are peers doing the same thing at the same time. Pipeline comms (p2p pairs,
-# and groups spanning stages such as Megatron's embedding group) carry structural lateness:
+# The kinds the min rule models: members are peers doing the same work at the same time, so a
+# straggler is late in every one of them. Pipeline comms (p2p pairs) carry structural lateness:
 # stages run different schedules, so being "late" there says nothing about speed.
-SYMMETRIC = np.array([i for i, k in enumerate(KINDS) if k not in (CommKind.P2P, CommKind.PP)])
+MODELED = np.array([KIND_INDEX[k] for k in (CommKind.DP, CommKind.TP, CommKind.WORLD)])
+# Kinds it does not model: expert- and context-parallel groups (unequal work: MoE routing,
+# sequence shards) and ``other`` (e.g. Megatron's embedding group joining the first and last
+# stage, whose members run different schedules). Their lateness is evidence for a rank in no
+# modeled group, and never vetoes one that is late in its own data/tensor-parallel groups.
+ADVISORY = np.array([KIND_INDEX[k] for k in (CommKind.EP, CommKind.CP, CommKind.OTHER)])
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,13 +60,13 @@ class FrameScores:
 
 
 def min_rule_lateness(late: np.ndarray, calls: np.ndarray) -> np.ndarray:
-    """Lateness per rank: the minimum over symmetric comm kinds it used; p2p only as fallback."""
-    sym_late = late[:, SYMMETRIC]
-    used = calls[:, SYMMETRIC] > 0
-    masked = np.where(used, sym_late, np.inf)
-    out = masked.min(axis=1)
-    fallback = ~used.any(axis=1)
-    out[fallback] = late[fallback, P2P]
+    """Lateness per rank: the minimum over the modeled comm kinds it used; for a rank in none,
+    over the advisory kinds it used; p2p as the last fallback."""
+    out = late[:, P2P].astype(float)
+    for kinds in (ADVISORY, MODELED):  # the later wins where it applies
+        used = calls[:, kinds] > 0
+        some = used.any(axis=1)
+        out[some] = np.where(used, late[:, kinds], np.inf).min(axis=1)[some]
     return out
 
 

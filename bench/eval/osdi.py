@@ -7,7 +7,8 @@ timings of three jobs, one tensor-parallel rank per (data-parallel, pipeline) ce
 * communicators among the recorded ranks: one data-parallel group per pipeline stage (the
   distributed optimizer's reduce-scatter and all-gather), one pipeline pair per adjacent stages
   and data-parallel rank (forward/backward send and recv, matched by their order within a step),
-  and the embedding group of the first and last stage (its all-reduce). The tensor-parallel
+  and the embedding group of the first and last stage (its all-reduce), announced as kind
+  ``other`` as a converter that knows nothing of failslow would. The tensor-parallel
   layernorm all-reduce is left out: its other members were not recorded;
 * steps: the traces hold sampled steps whose clocks restart near zero, so the sampled steps are
   laid back to back on one timeline (gaps between samples carry no information anyway);
@@ -86,7 +87,7 @@ def to_envelopes(root: Path, trace: str, *, job: str | None = None) -> list[dict
             }
         last = rank_at.get((dp, pp - 1))
         if stage == 0 and last is not None and last != rk:
-            comms[f"emb-{dp}"] = {"comm": f"emb-{dp}", "kind": "pp", "ranks": [rk, last]}
+            comms[f"emb-{dp}"] = {"comm": f"emb-{dp}", "kind": "other", "ranks": [rk, last]}
 
     envelopes: list[dict[str, Any]] = []
     offset_ns = 0

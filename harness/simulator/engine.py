@@ -200,12 +200,15 @@ class Simulation(Costs):
         tp_comm = names.get(tp_comm, tp_comm) if tp_comm else None
         mbs = plan.shares[d] if plan.shares is not None else w.microbatches
         ops: list[tuple[Any, ...]] = []
+        ep_comm = lay.ep_comm(rank)
 
         def chunk(seconds: float) -> None:
             for _ in range(w.tp_per_chunk):
                 ops.append(("compute", seconds))
                 if tp_comm:
                     ops.append(("coll", tp_comm, "allreduce", w.tp_bytes))
+            if ep_comm:  # MoE: tokens to and from the experts
+                ops.append(("coll", ep_comm, "alltoall", w.tp_bytes))
 
         for _ in range(mbs):
             if stage > 0:
@@ -239,6 +242,9 @@ class Simulation(Costs):
                         lay.rank(t, d, stage - 1),
                     )
                 )
+        emb_comm = lay.embedding_comm(rank)
+        if emb_comm:  # the tied embedding's gradients, between the first and last stage
+            ops.append(("coll", emb_comm, "allreduce", w.pp_bytes))
         dp_comm = lay.dp_comm(rank)
         dp_comm = names.get(dp_comm, dp_comm) if dp_comm else None
         if dp_comm:

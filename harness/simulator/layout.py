@@ -24,10 +24,18 @@ class Layout:
     dp: int = 8
     gpus_per_host: int = 8
     host_prefix: str = "node-"
+    # Megatron's extra groups: ``embedding`` joins each first-stage rank with its last-stage
+    # counterpart (kind ``other``: the embedding-gradient all-reduce across stages); ``ep`` > 1
+    # splits each data-parallel group into expert-parallel groups of that size (kind ``ep``: an
+    # all-to-all after every forward and backward chunk, MoE token dispatch).
+    embedding: bool = False
+    ep: int = 1
 
     def __post_init__(self) -> None:
-        if min(self.tp, self.pp, self.dp, self.gpus_per_host) < 1:
-            raise ValueError("tp, pp, dp and gpus_per_host must be >= 1")
+        if min(self.tp, self.pp, self.dp, self.gpus_per_host, self.ep) < 1:
+            raise ValueError("tp, pp, dp, ep and gpus_per_host must be >= 1")
+        if self.dp % self.ep:
+            raise ValueError(f"ep {self.ep} does not divide dp {self.dp}")
         if self.world % self.gpus_per_host:
             raise ValueError(
                 f"world size {self.world} is not a multiple of {self.gpus_per_host} GPUs per host"
@@ -83,6 +91,17 @@ class Layout:
                 for t in range(self.tp):
                     a, b = self.rank(t, dp, s), self.rank(t, dp, s + 1)
                     out.append(CommSpec(f"pp-{s}-{dp}-{t}", "pp", (a, b)))
+        if self.ep > 1:
+            for pp in range(self.pp):
+                for t in range(self.tp):
+                    for g in range(self.dp // self.ep):
+                        members = tuple(self.rank(t, g * self.ep + i, pp) for i in range(self.ep))
+                        out.append(CommSpec(f"ep-{pp}-{t}-{g}", "ep", members))
+        if self.embedding and self.pp > 1:
+            for dp in range(self.dp):
+                for t in range(self.tp):
+                    ends = (self.rank(t, dp, 0), self.rank(t, dp, self.pp - 1))
+                    out.append(CommSpec(f"emb-{dp}-{t}", "other", ends))
         return tuple(out)
 
     def comm(self, name: str) -> CommSpec:
@@ -99,6 +118,16 @@ class Layout:
     def dp_comm(self, rank: int) -> str | None:
         t, d, p = self.coords(rank)
         return f"dp-{p}-{t}" if self.dp > 1 else None
+
+    def ep_comm(self, rank: int) -> str | None:
+        t, d, p = self.coords(rank)
+        return f"ep-{p}-{t}-{d // self.ep}" if self.ep > 1 else None
+
+    def embedding_comm(self, rank: int) -> str | None:
+        """The embedding group of a first- or last-stage rank (None for the others)."""
+        t, d, p = self.coords(rank)
+        on_end = p in (0, self.pp - 1)
+        return f"emb-{d}-{t}" if self.embedding and self.pp > 1 and on_end else None
 
     def pp_comm(self, rank: int, stage: int) -> str:
         """The p2p comm between ``rank``'s position at ``stage`` and ``stage + 1``."""

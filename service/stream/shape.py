@@ -6,13 +6,19 @@ import numpy as np
 
 from failslow.detectors.hang import BlockedCollective, HangSnapshot
 from failslow.detectors.types import KIND_INDEX, P2P, JobShape, PeerGroups
+from failslow.detectors.vocab import CommKind
 from failslow.service.stream.frames import NEVER
 from failslow.service.stream.state import JobState
 from failslow.service.stream.topology import Topology
 from failslow.wire.v2 import NO_END
 
-ROLE_KINDS = ("tp", "dp", "ep", "cp")  # comms whose members do equal work
-CROSS_KINDS = ("dp", "ep", "cp")  # ... and whose members are usually on different hosts
+# comms whose members do equal work at the same time: a rank's compute is compared with theirs
+ROLE_KINDS = (CommKind.TP, CommKind.DP)
+# roughly equal work (MoE routing, sequence shards): role peers only in a job without the above,
+# so that they never veto a straggler (issue 16)
+ADVISORY_ROLE_KINDS = (CommKind.EP, CommKind.CP)
+# role groups whose members are usually on different hosts (a slow node against the others)
+CROSS_KINDS = (CommKind.DP, CommKind.EP, CommKind.CP)
 MAX_BLOCKED = 2048  # blocked collectives handed to the hang detector per pass
 
 
@@ -27,7 +33,9 @@ def job_shape(topo: Topology) -> JobShape:
     comms = topo.comm_list
     groups = [c.slots for c in comms if c.kind in ROLE_KINDS]
     if not groups:
-        groups = [c.slots for c in comms if c.kind == "world"]
+        groups = [c.slots for c in comms if c.kind in ADVISORY_ROLE_KINDS]
+    if not groups:
+        groups = [c.slots for c in comms if c.kind == CommKind.WORLD]
     if not groups and topo.n_slots >= 2:
         groups = [np.arange(topo.n_slots)]
     comm_hosts: list[tuple[int, ...]] = []
@@ -47,9 +55,11 @@ def job_shape(topo: Topology) -> JobShape:
         if c.kind in CROSS_KINDS and len(set(known)) >= 2:
             cross.append(c.slots)
     if not cross:
-        cross = [c.slots for c in comms if c.kind == "world" and len(comm_hosts[c.index]) >= 2]
+        cross = [
+            c.slots for c in comms if c.kind == CommKind.WORLD and len(comm_hosts[c.index]) >= 2
+        ]
     kinds = np.array(
-        [P2P if c.kind == "p2p" else KIND_INDEX[c.kind] for c in comms], dtype=np.int64
+        [P2P if c.kind == CommKind.P2P else KIND_INDEX[c.kind] for c in comms], dtype=np.int64
     )
     edge_id: dict[tuple[int, int], int] = {}
     ch = [(i, h) for i, hs in enumerate(comm_hosts) for h in hs]
