@@ -14,6 +14,7 @@ from collections import deque
 import numpy as np
 
 from failslow.detectors.changepoint import OnlineChangeDetector
+from failslow.detectors.defaults import DEFAULTS
 from failslow.detectors.findings import Finding, date_onset
 from failslow.detectors.hang import HangDetector, HangSnapshot
 from failslow.detectors.history import FrameHistory
@@ -60,6 +61,7 @@ class Conditions:
         window: int,
         open_after: int,
         resolve_after: int,
+        severity: tuple[float, float] = (DEFAULTS.major_slowdown, DEFAULTS.critical_slowdown),
     ) -> None:
         self.history = history
         self.links = links
@@ -71,13 +73,10 @@ class Conditions:
         self.gpus = ConditionTracker(**track)  # slow_gpu, over rank slots
         self.hosts = ConditionTracker(**track)  # slow_node, over host indices
         self.link_keys: KeyedTracker[Subject] = KeyedTracker(**track)  # slow_link subjects
-        # the job signal already spans two frames (min of the last two), so one strong reading
-        # opens
-        self.job_keys: KeyedTracker[Subject] = KeyedTracker(**track, fast_after=1)
+        self.job_keys: KeyedTracker[Subject] = KeyedTracker(**track)  # the job slowdown
         self.job_cpd = OnlineChangeDetector()  # change points of the job's step time
-        self.reporter = Reporter(
-            history=history, gpus=self.gpus, window=window, late_fraction=late_fraction
-        )
+        self.reporter = Reporter(history=history, gpus=self.gpus, window=window,
+                                 late_fraction=late_fraction, severity=severity)  # fmt: skip
         self.opened: dict[Key, OpenCondition] = {}
         self._culprit_seen: deque[bool] = deque(maxlen=2)
         self.shape: JobShape | None = None
@@ -183,14 +182,22 @@ class Conditions:
             on_slow_host = np.isin(host, bad_hosts)
         n = frame.n
         own = hist.own_ratio[:n]
+        # Judged against the rank's own history, with hysteresis (issue 16): suspect when its
+        # compute ratio rose by compute_ratio over its own normal (or is far above its peers);
+        # back to normal below half that rise. Its normal follows slow drift (learned from every
+        # frame near it), not a jump: a persistent few-percent difference that wanders opens
+        # nothing, a real change does, and an incident resolves once the change is gone.
         with np.errstate(invalid="ignore", divide="ignore"):
             change = s.compute_ratio / own
             changed = np.isnan(change) | (change >= self.compute_ratio)
             big = s.compute_ratio >= self.static_ratio
+            at_home = change < 1.0 + (self.compute_ratio - 1.0) / 2
+            far = s.compute_ratio >= 1.0 + (self.static_ratio - 1.0) / 2
         suspect = s.suspect & ~on_slow_host & (changed | big)  # the node explains its ranks
         strong = s.strong & (changed | big)
-        trans = self.gpus.update(suspect, s.elevated, np.isfinite(s.late), strong)
-        learn = np.isfinite(s.compute_ratio) & ~s.elevated & ~self.gpus.open[:n]
+        elevated = s.elevated & (np.isnan(change) | ~at_home | far)
+        trans = self.gpus.update(suspect, elevated, np.isfinite(s.late), strong)
+        learn = np.isfinite(s.compute_ratio) & ~self.gpus.open[:n] & (np.isnan(own) | at_home)
         hist.learn_own_ratio(s.compute_ratio, learn)
         out = []
         kind = IncidentKind.SLOW_GPU
@@ -335,22 +342,25 @@ class Conditions:
     def job_step(
         self, frame: Frame, s: FrameScores, nodes: NodeScores, links: LinkScores
     ) -> list[Finding]:
-        """A job-wide slowdown: step time >= ``job_slowdown_ratio`` x baseline in both of the last
-        two frames (one checkpoint stall cannot do that) while no GPU, node or link is suspected
-        or blamed. Dated by the job step time's confirmed change point when there is one."""
+        """A job-wide slowdown: the median step time of the last three frames >=
+        ``job_slowdown_ratio`` x baseline (two slow steps of three: hiccups of different ranks in
+        consecutive steps, or one checkpoint stall, cannot do that), in ``open_after`` of the
+        last ``window`` frames, while no GPU, node or link is suspected or blamed: a sustained
+        change of at least ~6 steps. Dated by the job step time's confirmed change point when
+        there is one."""
         if not frame.has_steps:
             return []
         hist = self.history
         base = hist.baseline()
-        last2 = hist.f_time[hist.positions(hist.count - 2)]
-        low = float(np.min(last2)) if last2.size == 2 and np.isfinite(last2).all() else float("nan")
-        ratio = low / base if np.isfinite(base) and base > 0 else float("nan")
+        last3 = hist.f_time[hist.positions(hist.count - 3)]
+        recent = float(np.median(last3)) if last3.size == 3 and np.isfinite(last3).all() else np.nan
+        ratio = recent / base if np.isfinite(base) and base > 0 else float("nan")
         # ... and beyond the job's own step-time noise (3 robust spreads over the history): the
         # steps of a small job on shared CPUs vary by more than 10% with nothing wrong
         past = hist.f_time[np.isfinite(hist.f_time)]
         if past.size >= 20 and np.isfinite(ratio):
             spread = 1.4826 * float(np.median(np.abs(past - np.median(past))))
-            if low - base < 3.0 * spread:
+            if recent - base < 3.0 * spread:
                 ratio = min(ratio, 1.0)
         # A culprit is an open incident or one suspected in both of the last two frames: when a
         # job-wide slowdown starts, ranks enter the slow step at slightly different times and

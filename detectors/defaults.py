@@ -17,6 +17,10 @@ class Defaults:
     compute_ratio: float = 1.05  # compute time vs role peers that makes a rank suspect
     link_ratio: float = 0.85  # bus bandwidth vs its references below which a comm is suspect
     job_slowdown_ratio: float = 1.1  # job step time vs baseline for a job-wide slowdown
+    # The least evidence for anything to open: a deviation seen in fewer frames (steps) than
+    # this is never an incident (a hiccup, a checkpoint, one rank stalling across a step
+    # boundary). Even far past the thresholds ("strong") a condition needs this many in a row.
+    min_evidence: int = 4
     window: int = 5  # frames in the sliding decision window
     open_after: int = 4  # suspect frames within the window before a condition opens
     resolve_after: int = 8  # consecutive clean frames before a condition resolves
@@ -28,6 +32,11 @@ class Defaults:
     hang_floor_s: float = 2.0  # shortest time a collective may block before it is hung
     hang_startup_s: float = 60.0  # how long a communicator's first collective may block
     dead_after_s: float = 5.0  # event time without envelopes after which a host is dead
+    # Severity from the measured impact (the job's step time against its baseline): below
+    # ``major_slowdown`` an incident is minor (watched and notified, never acted on), from
+    # ``critical_slowdown`` (and every hang) critical.
+    major_slowdown: float = 1.05
+    critical_slowdown: float = 1.5
 
 
 DEFAULTS = Defaults()

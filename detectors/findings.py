@@ -8,9 +8,10 @@ from typing import Any
 import numpy as np
 
 from failslow.detectors.changepoint import segment_window
+from failslow.detectors.defaults import DEFAULTS
 from failslow.detectors.lifecycle import run_start
 from failslow.detectors.robust import quiet_nan
-from failslow.detectors.vocab import FindingStatus, IncidentKind, Subject
+from failslow.detectors.vocab import FindingStatus, IncidentKind, Severity, Subject
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +33,31 @@ class Finding:
     reason: str
     evidence: dict[str, Any] = field(default_factory=dict)
     has_steps: bool = True
+    severity: Severity = Severity.MAJOR  # from the measured impact (:func:`severity_of`)
+
+
+def severity_of(
+    kind: IncidentKind,
+    slowdown: float | None,
+    subject_slowdown: float | None = None,
+    *,
+    major: float = DEFAULTS.major_slowdown,
+    critical: float = DEFAULTS.critical_slowdown,
+) -> Severity:
+    """How much the condition costs the job: a hang is critical; otherwise ``slowdown``, the
+    job's step time against what it would be without the condition (for a slow GPU the share
+    its peers wait for it, else against the job's baseline; the culprit's own slowdown when the
+    job's is unknown, as without step records) decides: >= ``critical`` critical, >= ``major``
+    major, below minor. Unknown impact counts as major (acting on it stays the policy's
+    choice)."""
+    if kind == IncidentKind.HANG:
+        return Severity.CRITICAL
+    impact = slowdown if slowdown is not None and np.isfinite(slowdown) else subject_slowdown
+    if impact is None or not np.isfinite(impact):
+        return Severity.MAJOR
+    if impact >= critical:
+        return Severity.CRITICAL
+    return Severity.MAJOR if impact >= major else Severity.MINOR
 
 
 def rounded(x: float | np.floating | None, nd: int = 4) -> float | None:

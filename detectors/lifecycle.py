@@ -16,6 +16,8 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
+from failslow.detectors.defaults import DEFAULTS
+
 K = TypeVar("K", bound=Hashable)
 
 
@@ -37,7 +39,7 @@ class ConditionTracker:
         open_after: int,
         resolve_after: int,
         flap_window: int | None = None,
-        fast_after: int = 2,
+        fast_after: int = DEFAULTS.min_evidence,
     ) -> None:
         if not 1 <= open_after <= window <= 63:
             raise ValueError("need 1 <= open_after <= window <= 63")
@@ -45,7 +47,10 @@ class ConditionTracker:
         self.open_after = open_after
         self.resolve_after = resolve_after
         self.flap_window = 4 * resolve_after if flap_window is None else flap_window
-        self.fast_after = fast_after  # consecutive *strong* frames that open at once
+        if fast_after < 1:
+            raise ValueError("need fast_after >= 1")
+        # consecutive *strong* frames that open without waiting for open_after of window
+        self.fast_after = fast_after
         self.mask = np.uint64((1 << window) - 1)
         self.frame = 0
         self.bits = np.zeros(0, dtype=np.uint64)
@@ -85,9 +90,9 @@ class ConditionTracker:
         """Advance one frame. Absent subjects (no data) neither count as suspect nor as clean.
 
         ``strong`` marks suspects whose evidence is far past the thresholds: ``fast_after``
-        consecutive strong frames open a subject without waiting for ``open_after`` (a large
-        shift needs fewer samples, as in a sequential test; one frame never suffices, so a
-        single-step spike cannot open anything).
+        consecutive strong frames open a subject without waiting for ``open_after`` of
+        ``window``. By default that is ``min_evidence`` (4) frames: however strong, a deviation
+        of 3 steps or fewer opens nothing (a hiccup is not an incident).
         """
         n = suspect.size
         self.ensure(n)

@@ -46,6 +46,8 @@ class JobPipeline:
         hang_startup_s: float = DEFAULTS.hang_startup_s,
         hang_floor_s: float = DEFAULTS.hang_floor_s,
         dead_after_s: float = DEFAULTS.dead_after_s,
+        major_slowdown: float = DEFAULTS.major_slowdown,
+        critical_slowdown: float = DEFAULTS.critical_slowdown,
     ) -> None:
         self.detector = PeerLatenessDetector(
             late_fraction=late_fraction, compute_ratio=compute_ratio
@@ -74,6 +76,7 @@ class JobPipeline:
             window=window,
             open_after=open_after,
             resolve_after=resolve_after,
+            severity=(major_slowdown, critical_slowdown),
         )
         self.last_scores: FrameScores | None = None
         self.last_links: LinkScores | None = None

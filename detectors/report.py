@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from failslow.detectors.findings import Finding, rounded
+from failslow.detectors.defaults import DEFAULTS
+from failslow.detectors.findings import Finding, rounded, severity_of
 from failslow.detectors.hang import HangFinding, HangSnapshot
 from failslow.detectors.history import FrameHistory, median
 from failslow.detectors.hosts import host_outlier_scores
@@ -61,7 +62,9 @@ class Reporter:
         gpus: ConditionTracker,
         window: int,
         late_fraction: float,
+        severity: tuple[float, float] = (DEFAULTS.major_slowdown, DEFAULTS.critical_slowdown),
     ) -> None:
+        self.severity = severity  # job slowdowns from which a finding is major, critical
         self.history = history
         self.gpus = gpus  # the slow-GPU tracker: its suspect counts say how sure a report is
         self.window = window
@@ -151,6 +154,9 @@ class Reporter:
             reason=reason,
             evidence=evidence,
             has_steps=frame.has_steps,
+            severity=severity_of(info.kind, evidence.get("attributed_slowdown") or slowdown,
+                                 subject_slowdown, major=self.severity[0],
+                                 critical=self.severity[1]),  # fmt: skip
         )
 
     def _node(
@@ -309,6 +315,7 @@ class Reporter:
             reason=reason,
             evidence=evidence,
             has_steps=self.history.has_steps,
+            severity=severity_of(IncidentKind.HANG, None),
         )
 
     # -- hosts ---------------------------------------------------------------------------------

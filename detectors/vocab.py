@@ -62,6 +62,21 @@ SLOW_KINDS = frozenset(
 )
 
 
+class Severity(StrEnum):
+    """How much an incident costs the job (docs/mitigation.md: the policy acts from MAJOR)."""
+
+    MINOR = "minor"  # the job loses less than a few percent: watch, notify
+    MAJOR = "major"  # a real share of the job's time is lost
+    CRITICAL = "critical"  # the job crawls or stands still (a hang)
+
+    @property
+    def rank(self) -> int:
+        return _SEVERITY_ORDER[self]
+
+
+_SEVERITY_ORDER = {Severity.MINOR: 0, Severity.MAJOR: 1, Severity.CRITICAL: 2}
+
+
 class FindingStatus(StrEnum):
     """What a finding says about its condition."""
 

@@ -54,6 +54,13 @@ class Noise:
     checkpoint_every: int = 0  # steps between job-wide stalls (0 = none)
     checkpoint_s: float = 1.0
     clock_offset_s: float = 0.002  # per-host clock offsets drawn from U(-x, x)
+    # Drifting heterogeneity (no fault): these ranks compute ``drift_level`` x slower than the
+    # others, wandering by +-``drift_amplitude`` with period ``drift_period`` steps (each rank
+    # in its own phase), as some workers of real clusters do for hours.
+    drift_ranks: tuple[int, ...] = ()
+    drift_level: float = 1.07
+    drift_amplitude: float = 0.035
+    drift_period: int = 120
 
     @staticmethod
     def none() -> Noise:
@@ -91,6 +98,10 @@ class Costs:
 
     def _compute_factor(self, rank: int, host: str, step: int) -> float:
         f = 1.0
+        nz = self.noise
+        if nz.drift_ranks and rank in nz.drift_ranks:
+            phase = 2 * math.pi * (step / nz.drift_period + 0.37 * rank)
+            f = nz.drift_level + nz.drift_amplitude * math.sin(phase)
         for fault in self.faults:
             if not fault.active(step) or self._gone(fault):
                 continue

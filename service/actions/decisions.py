@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from failslow.detectors.vocab import IncidentKind
+from failslow.detectors.vocab import IncidentKind, Severity
 from failslow.service.actions.vocab import ActionKind, ActionState
 from failslow.service.incidents.models import IncidentState
 
@@ -26,6 +26,7 @@ class IncidentView:
     detected_ns: int
     # slow_link: the host pairs the detector could not tell apart (one when localised)
     edges: tuple[tuple[str, str], ...] = ()
+    severity: Severity = Severity.MAJOR  # the incident's cost to the job now
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +71,7 @@ class Budgets:
     max_isolations_per_hour: int = 2
     min_world_size: int = 1
     cooldown_s: float = 600.0
-    notify_below: float = 1.05  # job slowdown under which only notify
+    act_from: Severity = Severity.MAJOR  # less severe incidents are only notified
     min_recovery: float = 0.2  # a rung whose past outcomes recovered less is skipped
     min_gain: float = 0.05  # predicted share of the slowdown an action must remove
     outcomes_needed: int = 3  # past outcomes before ``min_recovery`` applies

@@ -3,7 +3,9 @@
 ``decide(incident, job, history, budgets, now_ns) -> Decision`` reads only its arguments (time is
 passed in, never read) and always says why. The ladder, cheapest rung first:
 
-* ``notify`` once per incident, always (auto);
+* ``notify`` once per incident, always (auto); nothing more for an incident whose severity
+  (from its measured impact: ``detectors.findings.severity_of``) is below ``act_from``
+  (``major``: a job slowdown of 1.05x or more);
 * ``rebalance`` (compute stragglers: ``slow_gpu``/``slow_node``): new per-data-parallel-rank
   micro-batch shares proportional to measured speed, proposed when they would remove a useful part
   of the slowdown;
@@ -101,11 +103,12 @@ def decide(
         return isolate(
             incident, job, history, budgets, now_ns, f"the job is hung; root(s) on {roots}"
         )
-    slowdown = incident.slowdown or 1.0
-    if slowdown < budgets.notify_below:
+    if incident.severity.rank < budgets.act_from.rank:
+        slowdown = f"job slowdown {incident.slowdown:.2f}x" if incident.slowdown else "impact"
         return Decision(
             (),
-            f"job slowdown {slowdown:.2f}x is below {budgets.notify_below:.2f}x: notify only",
+            f"severity {incident.severity} ({slowdown}); the policy acts from "
+            f"{budgets.act_from}: notify only",
         )
     notes: list[str] = []
     if incident.kind in COMPUTE_KINDS:

@@ -81,7 +81,7 @@ class Mitigation:
             max_isolations_per_hour=settings.max_isolations_per_hour,
             min_world_size=settings.min_world_size,
             cooldown_s=settings.cooldown_s,
-            notify_below=settings.notify_below,
+            act_from=settings.act_from,
             min_gain=settings.min_gain,
         )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field, model_validator
 
+from failslow.detectors.vocab import Severity
 from failslow.service.actions.vocab import ActionKind, ActuatorName, Approval
 
 
@@ -51,8 +52,10 @@ class ActionsSettings(BaseModel):
     max_isolations_per_hour: int = Field(default=2, ge=0, description="Per job.")
     min_world_size: int = Field(default=1, ge=1, description="Never isolate below this many ranks.")
     cooldown_s: float = Field(default=600.0, ge=0, description="Per target, between actions.")
-    notify_below: float = Field(
-        default=1.05, ge=1, description="Job slowdown under which incidents are only notified."
+    act_from: Severity = Field(
+        default=Severity.MAJOR,
+        description="Least incident severity the policy acts on; less severe incidents are only "
+        "notified (severity: FAILSLOW_DETECTION__MAJOR_SLOWDOWN, __CRITICAL_SLOWDOWN).",
     )
     min_gain: float = Field(
         default=0.05, ge=0, le=1, description="Least predicted recovery for rebalance."

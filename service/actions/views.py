@@ -9,7 +9,7 @@ import time
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from failslow.detectors.vocab import IncidentKind
+from failslow.detectors.vocab import IncidentKind, Severity
 from failslow.service.actions.decisions import IncidentView, JobView, PastAction
 from failslow.service.actions.models import Action
 from failslow.service.actions.vocab import MEASURED, ActionKind, ActionState
@@ -32,6 +32,7 @@ def incident_view(row: Incident) -> IncidentView:
         slowdown=row.slowdown,
         subject_slowdown=row.subject_slowdown,
         confidence=row.confidence,
+        severity=Severity(row.severity),
         onset_ns=row.onset_ns,
         detected_ns=row.detected_ns,
         edges=tuple(

@@ -104,6 +104,8 @@ class DetectionEngine:
                             hang_floor_s=s.hang_timeout_floor_s,
                             hang_startup_s=s.hang_startup_timeout_s,
                             dead_after_s=s.dead_host_after_s,
+                            major_slowdown=s.major_slowdown,
+                            critical_slowdown=s.critical_slowdown,
                         ),
                         history=HistoryAccumulator(job=job, every=s.history_every_steps),
                     )

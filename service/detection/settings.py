@@ -71,6 +71,17 @@ class DetectionSettings(BaseModel):
         ge=10,
         description="Baseline = fastest 10-step median step time within this many recent frames.",
     )
+    major_slowdown: float = Field(
+        default=DEFAULTS.major_slowdown,
+        ge=1,
+        description="Job slowdown (step time / baseline) from which an incident is major: the "
+        "policy acts on major and critical incidents only (docs/mitigation.md).",
+    )
+    critical_slowdown: float = Field(
+        default=DEFAULTS.critical_slowdown,
+        ge=1,
+        description="Job slowdown from which an incident is critical (a hang always is).",
+    )
     top_k: int = Field(
         default=5, ge=0, description="Slowest ranks per job exported with a rank label."
     )
@@ -82,4 +93,6 @@ class DetectionSettings(BaseModel):
     def _window(self) -> DetectionSettings:
         if self.open_after > self.window:
             raise ValueError("detection.open_after must be <= detection.window")
+        if self.major_slowdown > self.critical_slowdown:
+            raise ValueError("detection.major_slowdown must be <= detection.critical_slowdown")
         return self

@@ -30,6 +30,7 @@ class Incident(Base):
     slowdown: Mapped[float | None] = mapped_column(Float)
     subject_slowdown: Mapped[float | None] = mapped_column(Float)
     confidence: Mapped[float] = mapped_column(Float)
+    severity: Mapped[str] = mapped_column(String(16), default="major", server_default="major")
     onset_ns: Mapped[int] = mapped_column(BigInteger)
     detected_ns: Mapped[int] = mapped_column(BigInteger)
     resolved_ns: Mapped[int | None] = mapped_column(BigInteger)

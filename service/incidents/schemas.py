@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from failslow.detectors.vocab import IncidentKind
+from failslow.detectors.vocab import IncidentKind, Severity
 from failslow.service.incidents.models import IncidentState
 
 
@@ -29,6 +29,12 @@ class IncidentOut(BaseModel):
     slowdown: float | None = Field(description="Job step time now / before onset.")
     subject_slowdown: float | None = Field(description="The culprit's own slowdown factor.")
     confidence: float
+    severity: Severity = Field(
+        default=Severity.MAJOR,
+        description="The incident's cost to the job now: minor below a 1.05x job slowdown "
+        "(notified, never acted on), critical from 1.5x and for every hang, major between "
+        "(FAILSLOW_DETECTION__MAJOR_SLOWDOWN, __CRITICAL_SLOWDOWN).",
+    )
     onset_ns: int = Field(description="When the condition began (dated after the fact).")
     detected_ns: int = Field(description="Event time of the newest telemetry the decision used.")
     resolved_ns: int | None

@@ -9,6 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from failslow.detectors.vocab import Severity
 from failslow.service.ids import new_id
 from failslow.service.incidents.models import Incident, IncidentState
 from failslow.service.incidents.schemas import IncidentFilter, IncidentOut
@@ -32,6 +33,7 @@ class IncidentDraft:
     detected_step: int | None
     summary: str
     evidence: dict[str, Any]
+    severity: Severity = Severity.MAJOR
 
 
 def open_incident(session: Session, *, draft: IncidentDraft, now_ns: int) -> tuple[Incident, bool]:
@@ -54,6 +56,7 @@ def open_incident(session: Session, *, draft: IncidentDraft, now_ns: int) -> tup
         slowdown=draft.slowdown,
         subject_slowdown=draft.subject_slowdown,
         confidence=draft.confidence,
+        severity=draft.severity,
         onset_ns=draft.onset_ns,
         detected_ns=draft.detected_ns,
         resolved_ns=None,
@@ -101,11 +104,13 @@ def refresh_incident(
     slowdown: float | None,
     subject_slowdown: float | None,
     confidence: float,
+    severity: Severity,
     summary: str,
     evidence: dict[str, Any],
     now_ns: int,
 ) -> None:
     incident.slowdown = slowdown
+    incident.severity = severity  # the impact now: a mitigated incident becomes minor
     incident.subject_slowdown = subject_slowdown
     # confidence that the condition was real: it does not fall while the incident fades out
     incident.confidence = max(incident.confidence, confidence)
@@ -171,6 +176,7 @@ def to_out(row: Incident) -> IncidentOut:
         slowdown=row.slowdown,
         subject_slowdown=row.subject_slowdown,
         confidence=row.confidence,
+        severity=row.severity,  # type: ignore[arg-type]
         onset_ns=row.onset_ns,
         detected_ns=row.detected_ns,
         resolved_ns=row.resolved_ns,

@@ -6,6 +6,8 @@ from dataclasses import replace
 
 import pytest
 
+from failslow.detectors.findings import severity_of
+from failslow.detectors.vocab import IncidentKind, Severity
 from failslow.service.actions.policy import (
     Budgets,
     History,
@@ -36,6 +38,7 @@ def incident(kind: str = "slow_gpu", **kw: object) -> IncidentView:
         detected_ns=2 * S,
     )
     base.update(kw)
+    base.setdefault("severity", severity_of(IncidentKind(kind), base["slowdown"]))  # as stored
     return IncidentView(**base)  # type: ignore[arg-type]
 
 
@@ -113,7 +116,21 @@ def test_no_second_action_while_one_is_pending():
 
 def test_small_slowdowns_are_only_notified():
     d = decide(incident(slowdown=1.02), job(), History((done("notify"),)), BUDGETS, 100 * S)
-    assert d.actions == () and "notify only" in d.reason
+    assert d.actions == () and "notify only" in d.reason and "severity minor" in d.reason
+
+
+def test_the_policy_acts_from_the_configured_severity():
+    """Issue 16: the policy acts only from a documented severity (major by default)."""
+    hist, late = History((done("notify"),)), 1000 * S
+    major = incident(slowdown=1.3)
+    assert major.severity == Severity.MAJOR
+    assert decide(major, job(), hist, BUDGETS, late).actions  # acted on by default
+    only_critical = replace(BUDGETS, act_from=Severity.CRITICAL)
+    d = decide(major, job(), hist, only_critical, late)
+    assert d.actions == () and "acts from critical" in d.reason
+    critical = incident(slowdown=1.6)
+    assert critical.severity == Severity.CRITICAL
+    assert decide(critical, job(), hist, only_critical, late).actions
 
 
 def test_job_slowdown_has_no_culprit_to_act_on():

@@ -58,7 +58,8 @@ def test_slow_kinds(
     incidents, summary, labels = stream(db_url, sc)
     assert [(i["kind"], i["ranks"], i["hosts"]) for i in incidents] == [(kind, ranks, hosts)]
     inc = incidents[0]
-    assert inc["onset_step"] == 40 and inc["detected_step"] in (41, 42, 43)
+    # the 4th slow step at the earliest (a job slowdown: ~6 slow steps, issue 16)
+    assert inc["onset_step"] == 40 and inc["detected_step"] in range(43, 47)
     assert inc["detected_ns"] > labels["faults"][0]["onset_ns"]
     assert inc["summary"].startswith(words) and "since step 40" in inc["summary"]
     assert summary["state"] == "degraded" and summary["open_incidents"] == 1

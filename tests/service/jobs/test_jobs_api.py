@@ -103,7 +103,10 @@ def test_incident_lifecycle_over_rest(streamed) -> None:  # type: ignore[no-unty
         "resolved",
     )
     onset_ns = data["labels"]["faults"][0]["onset_ns"]
-    assert inc["onset_step"] == 40 and inc["detected_step"] == 41  # 1.5x: two strong frames
+    # found in the fourth slow step: the least evidence for anything (issue 16)
+    assert inc["onset_step"] == 40 and inc["detected_step"] == 43
+    # the job's step time hardly moved (its critical path is elsewhere): minor, notify only
+    assert inc["slowdown"] < 1.05 and inc["severity"] == "minor"
     assert inc["detected_ns"] > onset_ns and inc["detected_ns"] - onset_ns < 3e9
     assert inc["resolved_ns"] > inc["detected_ns"] and inc["resolved_step"] >= 80
     assert "rank 6" in inc["summary"] and "since step 40" in inc["summary"]

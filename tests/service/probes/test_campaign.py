@@ -102,12 +102,14 @@ def test_probes_name_the_slow_nic_inside_an_ambiguous_ring(service: str, db_url:
         assert len(used) == len(set(used))
     # the detectors' later updates keep the probes' conclusion
     with session_scope(make_sessionmaker(make_engine(db_url))) as s:
+        from failslow.detectors.vocab import Severity
         from failslow.service.incidents.service import refresh_incident
 
         row = s.scalars(select(Incident).where(Incident.id == incident)).one()
         refresh_incident(
             s, incident=row, slowdown=1.4, subject_slowdown=2.5, confidence=0.9,
-            summary="Updated.", evidence={"ambiguous": True}, now_ns=T0 + 1,
+            severity=Severity.MAJOR, summary="Updated.", evidence={"ambiguous": True},
+            now_ns=T0 + 1,
         )  # fmt: skip
     inc = httpx.get(f"{service}/v1/incidents/{incident}").json()
     assert inc["evidence"]["probes"]["component"] == "host:h2" and inc["hosts"] == ["h2"]
