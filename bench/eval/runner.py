@@ -24,7 +24,7 @@ import httpx
 import numpy as np
 import orjson
 
-from bench.eval import baselines, osdi, suite, tcpd
+from bench.eval import baselines, osdi, patterns, suite, tcpd
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = Path(os.environ.get("FAILSLOW_SHARED_DIR") or ROOT.parent / "shared") / "datasets"
@@ -256,9 +256,9 @@ def run_case(svc: Service, case: suite.Case) -> tuple[Scored, baselines.StepTabl
 
 
 def summarise(results: list[Scored]) -> dict[str, Any]:
-    faults = [r for r in results if r.family not in ("healthy", "noisy-healthy")]
+    faults = [r for r in results if r.family not in suite.HEALTHY_FAMILIES]
     strong = [r for r in faults if r.factor is None or r.factor >= 1.2]
-    healthy = [r for r in results if r.family in ("healthy", "noisy-healthy")]
+    healthy = [r for r in results if r.family in suite.HEALTHY_FAMILIES]
     tp = sum(1 for r in strong if r.localized)
     incidents = sum(len(r.incidents) for r in strong) + sum(r.false_incidents for r in healthy)
     correct = sum(len(r.incidents) - r.false_incidents for r in strong)
@@ -309,6 +309,7 @@ def summarise(results: list[Scored]) -> dict[str, Any]:
     out["failslow_median_delay_steps_slow_gpu_ge_1.2x"] = (
         float(np.median(ours_delays)) if ours_delays else None
     )
+    out["patterns"] = patterns.summary(results)
     return out
 
 
@@ -336,7 +337,7 @@ def table_text(results: list[Scored]) -> str:
             if not x.get("detected"):
                 return (
                     "miss"
-                    if r.family not in ("healthy", "noisy-healthy")
+                    if r.family not in suite.HEALTHY_FAMILIES
                     else f"FA{x.get('false_alarms', 0)}"
                 )
             return f"{x['delay_steps']}{'L' if x.get('localized') else ''}"
@@ -407,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
         healthy_rank_steps = sum(
-            r.world * r.steps for r in results if r.family in ("healthy", "noisy-healthy")
+            r.world * r.steps for r in results if r.family in suite.HEALTHY_FAMILIES
         )
         arl = max(healthy_rank_steps, 1000)
         for r in results:

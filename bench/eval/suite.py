@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, replace
 
+from bench.eval import patterns
 from failslow.harness.simulator import Fault, Layout, Scenario
 from failslow.harness.simulator.model import Noise
 
@@ -23,6 +24,8 @@ NOISY = Noise(
 
 ONSET = 60
 STEPS = 150
+# families of cases without a fault: every incident there is false
+HEALTHY_FAMILIES = frozenset({"healthy", "noisy-healthy"}) | patterns.HEALTHY_PATTERNS
 
 
 @dataclass(frozen=True)
@@ -186,6 +189,7 @@ def cases(*, quick: bool = False, seeds: int = 2, long_steps: int = 2000) -> lis
                 factor=1.5,
                 seed=seed,
             )
+    patterns.cases(add, quick=quick, seeds=seeds, long_steps=long_steps, rng=random.Random(2027))
     return out
 
 

@@ -40,6 +40,7 @@ from typing import Any
 import httpx
 
 from failslow.detectors.vocab import IncidentKind
+from failslow.harness.lab import remote
 from failslow.harness.lab.report import EXPECTED, LOCALIZED_KINDS, FaultResult, LabFault, table
 from failslow.harness.lab.system import CpuQuota, LabError, LabNetwork, cleanup_stale
 
@@ -63,6 +64,8 @@ class Lab:
         self.trainers: list[subprocess.Popen[bytes]] = []
         self.quota: CpuQuota | None = None
         self.url = args.service
+        # a loopback service cannot be reached from the namespaces: agents run outside them
+        self.agents_in_ns = not (args.service and remote.is_loopback(args.service))
         self.http = httpx.Client(timeout=5.0, headers={"Authorization": f"Bearer {self.token}"})
         if args.service and args.token:
             self.http.headers["Authorization"] = f"Bearer {args.token}"
@@ -134,9 +137,11 @@ class Lab:
                 "--token", self.args.token or self.token,
                 "--flush-interval", "0.25", "--heartbeat", "1", "--no-fsync",
                 "--archive", str(self.work / f"envelopes-{self.host(i)}.jsonl"),
-                "--probe-listen", f"{self.net.ip(i)}:7100", "--task-poll", "1",
             ]  # fmt: skip
-            self._spawn(f"agent-{i}", self.net.exec(i, agent), nice=5)
+            if self.agents_in_ns:  # active probes cross the node's own veth
+                agent += ["--probe-listen", f"{self.net.ip(i)}:7100", "--task-poll", "1"]
+                agent = self.net.exec(i, agent)
+            self._spawn(f"agent-{i}", agent, nice=5)
         for i in range(self.n):
             sock = str(self.work / f"{self.host(i)}.sock")
             deadline = time.monotonic() + 30
@@ -298,11 +303,15 @@ class Lab:
     # -- the whole run -------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         faults = self.args.faults
+        if self.url is not None:  # stop at once, with the reason, where the lab could not work
+            remote.check_service(self.url, self.args.token)
         with self.net:
             if self.url is None:
                 self.start_service()
+            elif self.agents_in_ns:
+                remote.check_from_namespace(self.url, self.net.exec(0, []))
             else:
-                self._wait_ready(10.0)
+                self.say("loopback service: the agents run outside the namespaces (no probes)")
             self.say(f"service {self.url}; work dir {self.work}")
             self.start_job()
             self.say(
@@ -310,6 +319,8 @@ class Lab:
                 f"namespace; warming up {self.args.warmup} steps"
             )
             self.wait_steps(self.args.warmup, 180.0)
+            agents = [self.work / "agents" / self.host(i) for i in range(self.n)]
+            remote.check_delivery(self.url, [remote.agent_stats(a) for a in agents])
             durations = sorted((p["end_ns"] - p["start_ns"]) / 1e9 for p in self.progress(0)[5:])
             self.step_time_s = durations[len(durations) // 2] if durations else float("nan")
             self.say(f"healthy step time {self.step_time_s * 1000:.0f} ms")

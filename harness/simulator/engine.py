@@ -9,7 +9,6 @@ members then leave with a little exit jitter. Records carry each host's own cloc
 from __future__ import annotations
 
 import heapq
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +32,7 @@ class _Rank:
     inflight_reported: bool = False
     dead: bool = False
     spike: tuple[int, int] | None = None  # (step, op index) of a noise spike
+    hiccup: tuple[int, int] | None = None  # (step, op index) of a stall (Noise.hiccup_prob)
     epoch: int = 0  # bumped by a restart: events of an earlier epoch are dropped
     restarting: bool = False
 
@@ -276,6 +276,9 @@ class Simulation(Costs):
         ck = self.noise.checkpoint_every
         if ck and r.step > 0 and r.step % ck == 0:
             r.ops.append(("compute_fixed", self.noise.checkpoint_s))
+        if self.noise.hiccup_prob and self.rng.random() < self.noise.hiccup_prob:
+            computes = [i for i, op in enumerate(r.ops) if op[0] == "compute"]
+            r.hiccup = (r.step, computes[int(self.rng.integers(0, len(computes)))])
         if r.rank == 0 and self.noise.spike_prob and self.rng.random() < self.noise.spike_prob:
             victim = self.ranks[int(self.rng.integers(0, len(self.ranks)))]
             victim.spike = (victim.step + 1, 0)
@@ -304,13 +307,7 @@ class Simulation(Costs):
             op = r.ops[r.pc]
             r.pc += 1
             if op[0] == "compute":
-                seconds = op[1] * self.static[r.rank] * self._compute_factor(r.rank, host, r.step)
-                if self.noise.jitter:
-                    seconds *= math.exp(self.rng.normal(0, self.noise.jitter))
-                if r.spike is not None and r.spike[0] == r.step:
-                    seconds *= float(self.rng.uniform(*self.noise.spike_factor))
-                    r.spike = None
-                self._push(t + seconds, r.rank)
+                self._push(t + self._segment_s(r, host, op[1]), r.rank)
                 return
             if op[0] == "compute_fixed":
                 self._push(t + op[1], r.rank)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -54,6 +54,10 @@ class Noise:
     checkpoint_every: int = 0  # steps between job-wide stalls (0 = none)
     checkpoint_s: float = 1.0
     clock_offset_s: float = 0.002  # per-host clock offsets drawn from U(-x, x)
+    # Hiccups (no fault): per rank and step, the chance that one of its compute segments (any,
+    # the step's last included: the stall then crosses the step boundary) takes 2-4x as long
+    hiccup_prob: float = 0.0
+    hiccup_factor: tuple[float, float] = (2.0, 4.0)
     # Drifting heterogeneity (no fault): these ranks compute ``drift_level`` x slower than the
     # others, wandering by +-``drift_amplitude`` with period ``drift_period`` steps (each rank
     # in its own phase), as some workers of real clusters do for hours.
@@ -88,6 +92,7 @@ class Costs:
         noise: Noise
         rng: np.random.Generator
         ranks: list
+        static: np.ndarray
 
     def _gone(self, fault: Fault) -> bool:
         """The fault's hardware left the job (its host was replaced after an isolation)."""
@@ -95,6 +100,21 @@ class Costs:
             return False
         hosts = set(fault.hosts) | {self.layout.host(r) for r in fault.ranks}
         return bool(hosts) and hosts <= self.replaced
+
+    def _segment_s(self, r: Any, host: str, base_s: float) -> float:
+        """How long one compute segment of rank ``r`` (at ``r.pc - 1``) takes: its static
+        speed, the faults, jitter, and the noise's spikes and hiccups."""
+        seconds = base_s * self.static[r.rank] * self._compute_factor(r.rank, host, r.step)
+        nz = self.noise
+        if nz.jitter:
+            seconds *= math.exp(self.rng.normal(0, nz.jitter))
+        if r.spike is not None and r.spike[0] == r.step:
+            seconds *= float(self.rng.uniform(*nz.spike_factor))
+            r.spike = None
+        if r.hiccup == (r.step, r.pc - 1):
+            seconds *= float(self.rng.uniform(*nz.hiccup_factor))
+            r.hiccup = None
+        return seconds
 
     def _compute_factor(self, rank: int, host: str, step: int) -> float:
         f = 1.0

@@ -19,6 +19,7 @@ from failslow.cli import main as cli_main
 from failslow.harness.lab import cli as lab_cli
 from failslow.harness.lab import system
 from failslow.harness.lab.report import table
+from tests.e2e.procs import env_for, start_service, stop
 from tests.live import free_port
 
 
@@ -93,7 +94,10 @@ if importlib.util.find_spec("torch") is None:
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.skipif(bool(missing), reason="the fault lab needs " + "; ".join(missing))
-def test_lab_smoke_finds_a_cpu_starved_rank_and_cleans_up(tmp_path: Path) -> None:
+@pytest.mark.parametrize("service", ["own", "loopback"])
+def test_lab_smoke_finds_a_cpu_starved_rank_and_cleans_up(tmp_path: Path, service: str) -> None:
+    """``own``: the lab starts its service on the bridge; ``loopback``: ``--service`` names one
+    on 127.0.0.1, which the namespaces cannot reach, so the agents run outside them (issue 16)."""
     out = tmp_path / "lab.json"
     prefix = "fst"
     argv = [
@@ -102,8 +106,20 @@ def test_lab_smoke_finds_a_cpu_starved_rank_and_cleans_up(tmp_path: Path) -> Non
         "--net", "78", "--port", str(free_port()), "--json", str(out),
         "--workdir", str(tmp_path / "work"),
     ]  # fmt: skip
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=240, check=False)
+    proc = None
+    if service == "loopback":
+        env = env_for(tmp_path / "service.db")
+        env.update({"FAILSLOW_ACTIONS__ENABLED": "false", "FAILSLOW_DETECTION__INTERVAL_S": "0.25"})
+        port = free_port()
+        proc = start_service(port, tmp_path / "service.db", tmp_path / "service.log", env)
+        argv += ["--service", f"http://127.0.0.1:{port}"]
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=240, check=False)
+    finally:
+        if proc is not None:
+            stop(proc)
     print(p.stdout[-4000:], p.stderr[-4000:])
+    assert service == "own" or "agents run outside the namespaces" in p.stdout
     res = json.loads(out.read_text())
     (fault,) = res["faults"]
     assert fault["detected"] and fault["kind"] == "slow_gpu" and fault["ranks"] == [1], fault
