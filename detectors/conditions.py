@@ -13,6 +13,7 @@ from collections import deque
 
 import numpy as np
 
+from failslow.detectors import own
 from failslow.detectors.changepoint import OnlineChangeDetector
 from failslow.detectors.defaults import DEFAULTS
 from failslow.detectors.findings import Finding, date_onset
@@ -181,24 +182,13 @@ class Conditions:
         if bad_hosts.size:
             on_slow_host = np.isin(host, bad_hosts)
         n = frame.n
-        own = hist.own_ratio[:n]
-        # Judged against the rank's own history, with hysteresis (issue 16): suspect when its
-        # compute ratio rose by compute_ratio over its own normal (or is far above its peers);
-        # back to normal below half that rise. Its normal follows slow drift (learned from every
-        # frame near it), not a jump: a persistent few-percent difference that wanders opens
-        # nothing, a real change does, and an incident resolves once the change is gone.
-        with np.errstate(invalid="ignore", divide="ignore"):
-            change = s.compute_ratio / own
-            changed = np.isnan(change) | (change >= self.compute_ratio)
-            big = s.compute_ratio >= self.static_ratio
-            at_home = change < 1.0 + (self.compute_ratio - 1.0) / 2
-            far = s.compute_ratio >= 1.0 + (self.static_ratio - 1.0) / 2
-        suspect = s.suspect & ~on_slow_host & (changed | big)  # the node explains its ranks
-        strong = s.strong & (changed | big)
-        elevated = s.elevated & (np.isnan(change) | ~at_home | far)
-        trans = self.gpus.update(suspect, elevated, np.isfinite(s.late), strong)
-        learn = np.isfinite(s.compute_ratio) & ~self.gpus.open[:n] & (np.isnan(own) | at_home)
-        hist.learn_own_ratio(s.compute_ratio, learn)
+        is_open = self.gpus.open[:n]
+        v = own.judge(s.compute_ratio, hist.own_ratio[:n], suspect=s.suspect, strong=s.strong,
+                      elevated=s.elevated, is_open=is_open, compute_ratio=self.compute_ratio,
+                      static_ratio=self.static_ratio)  # fmt: skip
+        suspect = v.suspect & ~on_slow_host  # the node explains its ranks
+        trans = self.gpus.update(suspect, v.elevated, np.isfinite(s.late), v.strong)
+        hist.learn_own_ratio(s.compute_ratio, v.learn)
         out = []
         kind = IncidentKind.SLOW_GPU
         for slot in trans.opened.tolist():
@@ -227,9 +217,11 @@ class Conditions:
         n_hosts = nodes.suspect.size
         self.hosts.ensure(n_hosts)
         strong = nodes.suspect & (nodes.ratio >= 1 + 3 * (self.compute_ratio - 1))
-        trans = self.hosts.update(
-            nodes.suspect, nodes.elevated | nodes.suspect, np.isfinite(nodes.ratio), strong
-        )
+        # an open slow node stays elevated while its ranks compute slower per unit of work than
+        # their peers elsewhere, late or not (a rebalance hides the lateness, not the node)
+        still_slow = self.hosts.open[:n_hosts] & (nodes.ratio >= self.compute_ratio)
+        elevated = nodes.elevated | nodes.suspect | still_slow
+        trans = self.hosts.update(nodes.suspect, elevated, np.isfinite(nodes.ratio), strong)
         out = []
         kind = IncidentKind.SLOW_NODE
         host = shape.host_of_slot[: frame.n]

@@ -45,11 +45,10 @@ def severity_of(
     critical: float = DEFAULTS.critical_slowdown,
 ) -> Severity:
     """How much the condition costs the job: a hang is critical; otherwise ``slowdown``, the
-    job's step time against what it would be without the condition (for a slow GPU the share
-    its peers wait for it, else against the job's baseline; the culprit's own slowdown when the
-    job's is unknown, as without step records) decides: >= ``critical`` critical, >= ``major``
-    major, below minor. Unknown impact counts as major (acting on it stays the policy's
-    choice)."""
+    job's step time against what it would be without the condition (``report.impact``; the
+    culprit's own slowdown when the job's is unknown, as without step records) decides:
+    >= ``critical`` critical, >= ``major`` major, below minor. Unknown impact counts as major
+    (acting on it stays the policy's choice)."""
     if kind == IncidentKind.HANG:
         return Severity.CRITICAL
     impact = slowdown if slowdown is not None and np.isfinite(slowdown) else subject_slowdown

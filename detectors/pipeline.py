@@ -119,8 +119,9 @@ class JobPipeline:
     def set_work(self, work: np.ndarray | None, *, from_index: int | None = None) -> None:
         """Adopt a new plan's per-slot work shares from frame ``from_index`` on (the step at
         which the job applied it; None = the next frame): compute times are then compared per
-        unit of work, and the job's baseline step time is learned afresh (the plan changed
-        what is normal)."""
+        unit of work. The job's baseline step time stays the healthy one from before: nothing
+        is learned into it while shares are unequal (a mitigation is not a new normal), and
+        equal shares restored are measured against it again (issue 16)."""
         weights = None if work is None else np.asarray(work, dtype=float)
         self._pending_work = (from_index, weights)
 
@@ -133,7 +134,12 @@ class JobPipeline:
             return
         self.work = weights
         self._pending_work = None
-        self.history.forget_baseline()
+
+    @property
+    def lopsided(self) -> bool:
+        """Whether a plan gives the ranks unequal work now (a mitigation in force)."""
+        w = self.work
+        return w is not None and w.size > 0 and not np.allclose(w, w.mean())
 
     def seed_open(
         self,
@@ -195,7 +201,7 @@ class JobPipeline:
         findings += cond.job_step(frame, scores, nodes, links)
         if self.update_every and hist.count % self.update_every == 0:
             findings += cond.updates(frame, findings)
-        if frame.has_steps and np.isfinite(scores.frame_time):
+        if frame.has_steps and np.isfinite(scores.frame_time) and not self.lopsided:
             hist.add_to_baseline(scores.frame_time)
         return findings
 

@@ -51,6 +51,14 @@ def fading(last: Numbers | None, now: float) -> bool:
     return not np.isfinite(now) or now - 1.0 < 0.5 * (last[1] - 1.0)
 
 
+def impact(slowdown: float, attributed: float | None) -> float:
+    """What the condition costs the job: the larger of the job's slowdown against its baseline
+    and the share of its step time the culprit's peers wait for it (either can miss: a baseline
+    learned late, lateness hidden inside a group that waits together)."""
+    known = [x for x in (slowdown, attributed) if x is not None and np.isfinite(x)]
+    return max(known) if known else float("nan")
+
+
 class Reporter:
     """Turns open conditions into findings. Reads the history; changes nothing but the
     conditions' remembered numbers."""
@@ -154,7 +162,7 @@ class Reporter:
             reason=reason,
             evidence=evidence,
             has_steps=frame.has_steps,
-            severity=severity_of(info.kind, evidence.get("attributed_slowdown") or slowdown,
+            severity=severity_of(info.kind, impact(slowdown, evidence.get("attributed_slowdown")),
                                  subject_slowdown, major=self.severity[0],
                                  critical=self.severity[1]),  # fmt: skip
         )

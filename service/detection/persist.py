@@ -12,10 +12,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from failslow.detectors.findings import Finding
-from failslow.detectors.vocab import FindingStatus, IncidentKind, Subject
+from failslow.detectors.vocab import FindingStatus, IncidentKind, Severity, Subject
 from failslow.service.detection.text import summary_for
 from failslow.service.incidents import service as incidents
-from failslow.service.incidents.models import IncidentState
+from failslow.service.incidents.models import Incident, IncidentState
 from failslow.service.jobs import service as jobs_db
 from failslow.service.jobs.models import JobHistory, RankHistory
 from failslow.service.metrics import Metrics
@@ -50,6 +50,18 @@ class IncidentWriter:
     def __init__(self, *, metrics: Metrics, cleared_by: ClearedBy) -> None:
         self.metrics = metrics
         self.cleared_by = cleared_by
+
+    def _mark_mitigated(self, s: Session, row: Incident) -> None:
+        """An open incident that an action mitigated stays open, marked so (the culprit is
+        still slow per unit of work; it resolves when the hardware recovers: issue 16)."""
+        fixed = list(dict.fromkeys(self.cleared_by(s, row.id)))
+        if fixed:
+            row.evidence = {**row.evidence, "mitigated_by": fixed}
+            cost = "little" if row.severity == Severity.MINOR else "less"
+            row.summary = (
+                f"{row.summary.rstrip('.')}. Mitigated by {' + '.join(fixed)}: it costs the job "
+                f"{cost} now; open until the hardware recovers."
+            )
 
     def apply(
         self,
@@ -118,6 +130,8 @@ class IncidentWriter:
                 evidence=evidence,
                 now_ns=now_ns,
             )
+            if f.kind != IncidentKind.JOB_SLOWDOWN:
+                self._mark_mitigated(s, row)
         elif f.status == FindingStatus.RESOLVED:
             incidents.resolve_incident(
                 s,

@@ -58,9 +58,13 @@ def test_slow_gpu_is_rebalanced_automatically_and_the_job_recovers(client: TestC
     # the rebalanced job is not mistaken for new stragglers
     kinds = {(i["kind"], tuple(i["ranks"])) for i in res.incidents}
     assert kinds == {("slow_gpu", (5,))}
+    # mitigated is not resolved (issue 16): the GPU is still slow per unit of work, so the
+    # incident stays open, marked mitigated
     inc = res.incidents[0]
-    assert inc["state"] == "resolved" and "Cleared after rebalance" in inc["summary"]
-    assert inc["evidence"]["cleared_after"] == ["rebalance"]
+    assert inc["state"] == "open" and inc["evidence"]["mitigated_by"] == ["rebalance"], inc
+    assert "Mitigated by rebalance" in inc["summary"] and "until the hardware recovers" in inc[
+        "summary"
+    ]
 
 
 def test_slow_link_is_replanned_around_and_the_job_recovers(client: TestClient) -> None:

@@ -105,8 +105,10 @@ def test_incident_lifecycle_over_rest(streamed) -> None:  # type: ignore[no-unty
     onset_ns = data["labels"]["faults"][0]["onset_ns"]
     # found in the fourth slow step: the least evidence for anything (issue 16)
     assert inc["onset_step"] == 40 and inc["detected_step"] == 43
-    # the job's step time hardly moved (its critical path is elsewhere): minor, notify only
+    # the job's step time hardly moved (pipeline bubbles absorb a last-stage rank 1.5x slow)
+    # and its peers hardly wait for it: minor, notified only
     assert inc["slowdown"] < 1.05 and inc["severity"] == "minor"
+    assert (inc["evidence"].get("attributed_slowdown") or 1.0) < 1.05
     assert inc["detected_ns"] > onset_ns and inc["detected_ns"] - onset_ns < 3e9
     assert inc["resolved_ns"] > inc["detected_ns"] and inc["resolved_step"] >= 80
     assert "rank 6" in inc["summary"] and "since step 40" in inc["summary"]

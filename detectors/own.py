@@ -1,0 +1,53 @@
+"""A rank judged against its own history, with hysteresis (issue 16).
+
+Peer comparison says a rank is slower than its role peers; many real ranks are, by a few
+percent, for hours, and the difference wanders. What makes an incident is a *change*: the
+rank's compute ratio (against its peers, per unit of work) rising by ``compute_ratio`` over its
+own normal -- or standing far above its peers (``static_ratio``), which is never normal. Its
+normal (an EWMA, :meth:`FrameHistory.learn_own_ratio`) is learned from every frame near it, so it
+follows slow drift but not a jump; back within half the rise, the rank is at home again
+(hysteresis). An open slow GPU stays elevated while it computes slower per unit of work than its
+normal, late or not: a rebalance that hides its lateness does not resolve it; its recovery does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class OwnVerdict:
+    suspect: np.ndarray  # peers' suspect, confirmed by a change against its own normal
+    strong: np.ndarray
+    elevated: np.ndarray  # hysteresis: not back within half the change (or still slow, open)
+    learn: np.ndarray  # frames from which its own normal is learned
+
+
+def judge(
+    ratio: np.ndarray,
+    own: np.ndarray,
+    *,
+    suspect: np.ndarray,
+    strong: np.ndarray,
+    elevated: np.ndarray,
+    is_open: np.ndarray,
+    compute_ratio: float,
+    static_ratio: float,
+) -> OwnVerdict:
+    """Per rank: the peers' verdict (``suspect``, ``strong``, ``elevated``) against its own
+    normal ``own`` (NaN: none yet, learned from the first frame)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        change = ratio / own
+        changed = np.isnan(change) | (change >= compute_ratio)
+        big = ratio >= static_ratio
+        at_home = change < 1.0 + (compute_ratio - 1.0) / 2
+        far = ratio >= 1.0 + (static_ratio - 1.0) / 2
+        still_slow = is_open & (change >= compute_ratio)
+    return OwnVerdict(
+        suspect=suspect & (changed | big),
+        strong=strong & (changed | big),
+        elevated=(elevated & (np.isnan(change) | ~at_home | far)) | still_slow,
+        learn=np.isfinite(ratio) & ~is_open & (np.isnan(own) | at_home),
+    )
