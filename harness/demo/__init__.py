@@ -46,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--workdir", default="var/demo", help="where the demo keeps its database and logs"
     )
-    p.add_argument("--fast", action="store_true", help="a 35-second story instead of 90")
+    p.add_argument("--fast", action="store_true", help="a 50-second story instead of 100")
     p.add_argument("--seconds", type=float, default=0, help="stop the story after this long")
     p.add_argument(
         "--linger", type=float, default=0, help="keep the service up this long afterwards"

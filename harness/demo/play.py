@@ -295,6 +295,7 @@ class Demo:
                     )
                 )
         self.incidents = incidents
+        self.job = job
         self.poll_actions(now)
         base = job.get("baseline_step_time_s")
         st = job.get("step_time_s")
@@ -308,6 +309,26 @@ class Demo:
         text += f"  records sent {records:,}  state {job['state']}"
         text += f"  open incidents {job['open_incidents']}"
         self.term.status(text)
+
+    def check_undone(self, done: list[dict[str, Any]]) -> bool:
+        """A rebalance for the GPU that recovered is undone (equal shares again), and, once
+        every fault is over, the job ends within 3% of its healthy step time (issue 16)."""
+        rebalanced = any(a["kind"] == "rebalance" and not a["params"].get("restore") for a in done)
+        restored = any(a["params"].get("restore") for a in done)
+        if rebalanced and not restored:
+            self.term.line(self.term.c(RED, "NOT RESTORED: the job kept lopsided shares"))
+            return False
+        job = getattr(self, "job", None) or {}
+        st, base = job.get("step_time_s"), job.get("baseline_step_time_s")
+        sc = self.scenario
+        if not st or not base or any(f.end_step is None or f.end_step >= sc.steps
+                                     for f in sc.faults):  # fmt: skip
+            return True  # a fault still on at the end (--fast): nothing to compare
+        off = st / base - 1
+        colour, verdict = (GREEN, "OK") if abs(off) <= 0.03 else (RED, "SLOWER")
+        text = f"{verdict}: the job ends at {st:.3f}s per step, {off:+.1%} against its healthy"
+        self.term.line(self.term.c(colour, f"{text} {base:.3f}s."))
+        return abs(off) <= 0.03
 
     def report(self) -> int:
         """Compare what the service reported with what was injected; 0 when both were found
@@ -347,6 +368,7 @@ class Demo:
             )
             what = "restore equal shares" if a["params"].get("restore") else a["kind"]
             self.term.line(self.term.c(GREEN, f"ACTED: {what} {a['target']}{gain}"))
+        ok = self.check_undone(done) and ok
         others = [(k, v) for k, v in got.items() if k not in expected]
         if others:
             ok = False

@@ -12,7 +12,7 @@ MICROBATCHES = 8
 def story(fast: bool) -> Scenario:
     layout = Layout(tp=4, pp=2, dp=8, gpus_per_host=8)
     if fast:
-        steps, gpu, nic = 75, (20, 50), (55, None)
+        steps, gpu, nic = 90, (20, 64), (68, None)
     else:
         steps, gpu, nic = 200, (30, 90), (120, 180)
     return Scenario(

@@ -28,4 +28,7 @@ def test_demo_fast(tmp_path: Path) -> None:
     assert "OK: the injected slow NIC (node-005) was found" in out
     assert "INCIDENT slow_link opened: The network link of node-005 is slow" in out
     assert "INCIDENT slow_gpu resolved" in out
+    # the rebalance is undone once the GPU recovered (issue 16)
+    assert "ACTED: rebalance job:demo-llm-64" in out, out[-3000:]
+    assert "ACTED: restore equal shares job:demo-llm-64" in out, out[-3000:]
     assert (tmp_path / "demo" / "failslow.db").exists()
