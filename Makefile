@@ -24,7 +24,7 @@ serve: $(STAMP)
 
 test: $(STAMP) torch
 	@sh scripts/test-servers.sh
-	$(PY) -m pytest -q -rs
+	$(PY) -m pytest -q -rs --durations=15
 
 # The chaos test three times in a row (issue 17's acceptance; docs/hardening.md): needs root
 # (tmpfs) and Debian's postgresql, as make test does.

@@ -29,16 +29,16 @@ def incidents(tmp_path: Path, steps: int, faults: tuple[Fault, ...], seed: int) 
 
 
 def test_wandering_heterogeneity_opens_nothing(tmp_path: Path) -> None:
-    assert incidents(tmp_path, 360, (), seed=2) == []
+    assert incidents(tmp_path, 260, (), seed=2) == []  # two periods of the wander
 
 
 @pytest.mark.parametrize("factor", [1.2, 1.1])
 def test_a_real_change_among_drifting_ranks_is_found_and_resolves(
     tmp_path: Path, factor: float
 ) -> None:
-    fault = Fault("slow_gpu", 200, 260, factor=factor, ranks=(1,))
-    found = incidents(tmp_path, 300, (fault,), seed=1)
+    fault = Fault("slow_gpu", 150, 200, factor=factor, ranks=(1,))
+    found = incidents(tmp_path, 240, (fault,), seed=1)
     assert [(i["kind"], i["ranks"]) for i in found] == [("slow_gpu", [1])], found
     inc = found[0]
-    assert inc["onset_step"] == 200 and inc["detected_step"] <= 206
-    assert inc["state"] == "resolved" and 260 <= inc["resolved_step"] <= 275
+    assert inc["onset_step"] == 150 and inc["detected_step"] <= 156
+    assert inc["state"] == "resolved" and 200 <= inc["resolved_step"] <= 215
