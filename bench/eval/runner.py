@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--service", help="use this running service instead of starting one")
     ap.add_argument("--quick", action="store_true", help="fewer layouts, 500-step healthy runs")
     ap.add_argument("--seeds", type=int, default=2)
-    ap.add_argument("--only", help="run scenarios whose name contains this")
+    ap.add_argument("--only", help="run scenarios whose name contains this (a,b: either)")
     ap.add_argument("--skip-real", action="store_true", help="skip the OSDI'25 traces and TCPD")
     ap.add_argument("--json", default=str(ROOT / "bench" / "results" / "eval.json"))
     ap.add_argument(
@@ -392,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         todo = [
             c
             for c in suite.cases(quick=args.quick, seeds=args.seeds)
-            if not args.only or args.only in c.name
+            if not args.only or any(o in c.name for o in args.only.split(","))
         ]
         for n, case in enumerate(todo, 1):
             scored, table, labels = run_case(svc, case)
