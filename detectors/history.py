@@ -142,11 +142,6 @@ class FrameHistory:
             self.blocks.append(float(np.median(self._block)))
             self._block = []
 
-    def forget_baseline(self) -> None:
-        """Learn the baseline afresh (the job's normal changed, e.g. a new plan)."""
-        self.blocks.clear()
-        self._block = []
-
     # -- reading -------------------------------------------------------------------------------
     def gpu_signal(self, slot: int, pos: np.ndarray) -> np.ndarray:
         """A rank's compute ratio over ``pos`` (its lateness when too few ratios exist)."""

@@ -86,35 +86,31 @@ def store(
             raise
         log.error("job %s: the database refused its ingest commit (%s); writing it row by row",
                   u.job, str(exc).splitlines()[0])  # fmt: skip
-        salvage(session, [(u, also)], refused)
+        salvage(session, u, refused, also)
 
 
 def salvage(
     session: Session,
-    taken: list[tuple[Uncommitted, Callable[[Session], None] | None]],
+    u: Uncommitted,
     refused: Callable[[Row], None],
-) -> int:
-    """Write each job's accounting (and its snapshot writer, if any) a row per savepoint;
-    returns how many rows the database refused. A transient error propagates (retry all)."""
-    dropped = 0
-    for u, snapshot in taken:
-        pieces: list[tuple[Row, str, Callable[[Session], None]]] = [
-            (kind, what, lambda s, p=piece: commit_ingest(s, u=p))
-            for kind, what, piece in rows(u)
-        ]
-        if snapshot is not None:
-            pieces.append((Row.SNAPSHOT, u.job, snapshot))
-        for kind, what, write in pieces:
-            try:
-                with session.begin_nested():
-                    write(session)
-            except SQLAlchemyError as exc:
-                if transient(exc):
-                    raise
-                dropped += 1
-                refused(kind)
-                log.error(
-                    "job %s: the database refused its %s row %r for good; dropped (%s)",
-                    u.job, kind.value, what, str(exc).splitlines()[0],
-                )  # fmt: skip
-    return dropped
+    also: Callable[[Session], None] | None = None,
+) -> None:
+    """Write one job's accounting (and ``also``, its snapshot) a row per savepoint, dropping
+    (logged, counted) the rows the database refuses. A transient error propagates (retry all)."""
+    pieces: list[tuple[Row, str, Callable[[Session], None]]] = [
+        (kind, what, lambda s, p=piece: commit_ingest(s, u=p)) for kind, what, piece in rows(u)
+    ]
+    if also is not None:
+        pieces.append((Row.SNAPSHOT, u.job, also))
+    for kind, what, write in pieces:
+        try:
+            with session.begin_nested():
+                write(session)
+        except SQLAlchemyError as exc:
+            if transient(exc):
+                raise
+            refused(kind)
+            log.error(
+                "job %s: the database refused its %s row %r for good; dropped (%s)",
+                u.job, kind.value, what, str(exc).splitlines()[0],
+            )  # fmt: skip

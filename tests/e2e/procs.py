@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -13,6 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+
+from failslow.harness.lab.remote import agent_stats  # noqa: F401 - the e2e tests read it here
 
 CLI = [sys.executable, "-m", "failslow.cli"]
 
@@ -75,13 +76,6 @@ def spawn_agent(
         env, log,
     )  # fmt: skip
 
-
-def agent_stats(state: Path) -> dict:  # type: ignore[type-arg]
-    """What the agent last wrote to ``state/stats.json`` ({} before it wrote any)."""
-    try:
-        return json.loads((state / "stats.json").read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 @contextmanager
