@@ -22,7 +22,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         description=lab_run.__doc__.split("\n\n")[0] if lab_run.__doc__ else None,
     )
     p.add_argument("--ranks", type=int, default=4, help="ranks, one namespace each (default 4)")
-    p.add_argument("--tp", type=int, default=2, help="tensor-parallel group size (default 2)")
+    p.add_argument(
+        "--tp", type=int, help="tensor-parallel group size (default 2; 1 with --pp > 1)"
+    )
+    p.add_argument(
+        "--pp",
+        type=int,
+        default=1,
+        help="pipeline stages (default 1); --pp 2: 2 stages x 2 data-parallel ranks",
+    )
     p.add_argument(
         "--fault",
         default="all",
@@ -73,8 +81,19 @@ def main(args: argparse.Namespace) -> int:
     if bad or ("none" in faults and len(faults) > 1):
         print(f"failslow lab: unknown --fault {args.fault!r}", file=sys.stderr)
         return 2
-    if not 2 <= args.ranks <= 64 or args.ranks % args.tp or not 0 <= args.target < args.ranks:
-        print("failslow lab: 2..64 ranks, a multiple of --tp, --target < --ranks", file=sys.stderr)
+    if args.tp is None:
+        args.tp = 2 if args.pp == 1 else 1
+    if (
+        not 2 <= args.ranks <= 64
+        or args.tp < 1
+        or args.pp < 1
+        or args.ranks % (args.tp * args.pp)
+        or not 0 <= args.target < args.ranks
+    ):
+        print(
+            "failslow lab: 2..64 ranks, a multiple of --tp x --pp, --target < --ranks",
+            file=sys.stderr,
+        )
         return 2
     args.faults = faults
     try:

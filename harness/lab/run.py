@@ -80,6 +80,10 @@ class Lab:
     def say(self, text: str) -> None:
         print(f"[lab {time.strftime('%H:%M:%S')}] {text}", flush=True)
 
+    @property
+    def dp(self) -> int:
+        return self.n // (self.args.tp * self.args.pp)
+
     def host(self, i: int) -> str:
         return f"node-{i}"
 
@@ -134,7 +138,7 @@ class Lab:
                 sys.executable, "-m", "failslow.cli", "agent", "--service", self.url,
                 "--job", self.job, "--host", self.host(i), "--socket", sock,
                 "--state-dir", str(self.work / "agents" / self.host(i)),
-                "--token", self.args.token or self.token,
+                f"--token={self.args.token or self.token}",  # a token may begin with "-"
                 "--flush-interval", "0.25", "--heartbeat", "1", "--no-fsync",
                 "--archive", str(self.work / f"envelopes-{self.host(i)}.jsonl"),
             ]  # fmt: skip
@@ -153,7 +157,7 @@ class Lab:
         for i in range(self.n):
             train = [
                 sys.executable, "-m", "failslow.harness.lab.train", "--rank", str(i),
-                "--world", str(self.n), "--tp", str(self.args.tp),
+                "--world", str(self.n), "--tp", str(self.args.tp), "--pp", str(self.args.pp),
                 "--master", f"{self.net.ip(0)}:29500", "--job", self.job,
                 "--socket", str(self.work / f"{self.host(i)}.sock"),
                 "--progress", str(self.work / f"progress-{i}.jsonl"),
@@ -315,7 +319,7 @@ class Lab:
             self.say(f"service {self.url}; work dir {self.work}")
             self.start_job()
             self.say(
-                f"{self.n} ranks (tp={self.args.tp} x dp={self.n // self.args.tp}), one per "
+                f"{self.n} ranks (tp={self.args.tp} x dp={self.dp} x pp={self.args.pp}), one per "
                 f"namespace; warming up {self.args.warmup} steps"
             )
             self.wait_steps(self.args.warmup, 180.0)
@@ -363,7 +367,8 @@ class Lab:
         out = {
             "ranks": self.n,
             "tp": self.args.tp,
-            "dp": self.n // self.args.tp,
+            "dp": self.dp,
+            "pp": self.args.pp,
             "step_time_s": round(self.step_time_s, 4),
             "cpu_quota_of_healthy": self.args.cpu_quota,
             "cpu_quota_cpus": self.cpu_quota,

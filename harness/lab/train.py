@@ -1,11 +1,14 @@
 """One rank of the fault lab's training job: a real Megatron-style MLP on PyTorch gloo (CPU).
 
-``world = tp x dp`` ranks. Each tensor-parallel group of ``tp`` consecutive ranks holds one copy of
-the model split the Megatron way (column-parallel first layer, row-parallel second: one
-all-reduce in the forward pass and one in the backward pass per step); data-parallel groups (ranks
-``j, j + tp, ...``) average gradients with DDP. Every collective goes through
-``failslow.agents.torch``'s instrumentation (the DDP gradient all-reduce through its comm hook) to
-the node agent's socket.
+``world = tp x dp x pp`` ranks, Megatron's order (tensor-parallel fastest, pipeline slowest).
+Each pipeline stage (``world / pp`` consecutive ranks) holds one block of the model; each
+tensor-parallel group of ``tp`` consecutive ranks in it holds one copy of that block split the
+Megatron way (column-parallel first layer, row-parallel second: one all-reduce in the forward
+pass and one in the backward pass per step); data-parallel groups (ranks ``j, j + tp, ...`` of a
+stage) average gradients with DDP. Between stages, rank ``r`` sends its activations to rank
+``r + world / pp`` and receives their gradients back (``dist.send``/``dist.recv``, one
+micro-batch per step). Every collective and p2p goes through ``failslow.agents.torch``'s
+instrumentation (the DDP gradient all-reduce through its comm hook) to the node agent's socket.
 
 Progress goes to ``--progress`` (one JSON line per step: step, start_ns, end_ns, loss), which the
 lab reads to date faults in steps. The job stops at the step written to ``--stop-file`` (the lab
@@ -34,6 +37,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world", type=int, required=True)
     p.add_argument("--tp", type=int, default=2, help="tensor-parallel group size")
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages")
     p.add_argument("--master", default="127.0.0.1:29500", help="rendezvous address:port (rank 0)")
     p.add_argument("--job", default="lab")
     p.add_argument("--socket", help="node agent socket (default: no telemetry)")
@@ -41,7 +45,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--progress", help="append one JSON line per step here")
     p.add_argument("--stop-file", help="a file holding the step to stop after")
     p.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: no limit)")
-    p.add_argument("--hidden", type=int, default=4096, help="MLP hidden size (total over tp)")
+    p.add_argument(
+        "--hidden", type=int, default=4096, help="MLP hidden size (total over tp and pp)"
+    )
     p.add_argument("--model", type=int, default=256, help="model width")
     p.add_argument("--batch", type=int, default=512, help="samples per rank per step")
     p.add_argument("--seed", type=int, default=0)
@@ -79,7 +85,11 @@ class _ReduceFromTP(torch.autograd.Function):
 
 
 class ParallelMLP(nn.Module):
-    def __init__(self, width: int, hidden: int, tp: int, group: Any, seed: int) -> None:
+    """One block; ``group`` None: no tensor parallelism; ``head``: the last stage's."""
+
+    def __init__(
+        self, width: int, hidden: int, tp: int, group: Any, seed: int, head: bool = True
+    ) -> None:
         super().__init__()
         if hidden % tp:
             raise ValueError("--hidden must be a multiple of --tp")
@@ -87,7 +97,7 @@ class ParallelMLP(nn.Module):
         full1 = torch.randn(width, hidden, generator=g) / width**0.5
         full2 = torch.randn(hidden, width, generator=g) / hidden**0.5
         shard = hidden // tp
-        i = dist.get_rank(group)
+        i = dist.get_rank(group) if group is not None else 0
         self.w1 = nn.Parameter(full1[:, i * shard : (i + 1) * shard].clone())
         self.w2 = nn.Parameter(full2[i * shard : (i + 1) * shard, :].clone())
         self.inp = nn.Linear(width, width)  # replicated: its gradient needs f's all-reduce
@@ -97,27 +107,37 @@ class ParallelMLP(nn.Module):
             self.inp.bias.zero_()
             self.head.weight.copy_(torch.randn(1, width, generator=g) / width**0.5)
             self.head.bias.zero_()
+        if not head:  # DDP refuses parameters without a gradient
+            del self.head
         self.group = group
+        self.has_head = head
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = _CopyToTP.apply(torch.tanh(self.inp(x)), self.group)
-        h = torch.nn.functional.gelu(x @ self.w1)
-        y = _ReduceFromTP.apply(h @ self.w2, self.group)
-        return self.head(torch.tanh(y)).squeeze(-1)
+        x = torch.tanh(self.inp(x))
+        if self.group is not None:
+            x = _CopyToTP.apply(x, self.group)
+        y = torch.nn.functional.gelu(x @ self.w1) @ self.w2
+        if self.group is not None:
+            y = _ReduceFromTP.apply(y, self.group)
+        y = torch.tanh(y)
+        return self.head(y).squeeze(-1) if self.has_head else y
 
 
-def groups(world: int, tp: int) -> tuple[list[list[int]], list[list[int]]]:
-    """Tensor-parallel groups (consecutive ranks) and data-parallel groups (stride ``tp``)."""
-    if world % tp:
-        raise ValueError("--world must be a multiple of --tp")
+def groups(world: int, tp: int, pp: int = 1) -> tuple[list[list[int]], list[list[int]]]:
+    """Tensor-parallel groups (consecutive ranks) and data-parallel groups (stride ``tp``
+    within a stage of ``world / pp`` consecutive ranks)."""
+    if world % (tp * pp):
+        raise ValueError("--world must be a multiple of --tp x --pp")
+    stage = world // pp
     tps = [list(range(k * tp, (k + 1) * tp)) for k in range(world // tp)]
-    dps = [list(range(j, world, tp)) for j in range(tp)]
+    dps = [list(range(s + j, s + stage, tp)) for s in range(0, world, stage) for j in range(tp)]
     return tps, dps
 
 
-def join(rank: int, world: int, tp: int, master: str) -> tuple[Any, str, Any, str]:
+def join(rank: int, world: int, tp: int, master: str, pp: int = 1) -> tuple[Any, str, Any, str]:
     """Join the gloo job at ``master`` (``address:port`` of rank 0) and create its groups:
-    ``(tensor-parallel group, its name, data-parallel group, its name)`` of this rank."""
+    ``(tensor-parallel group, its name, data-parallel group, its name)`` of this rank (no
+    tensor-parallel group where ``tp`` is 1)."""
     addr, port = master.rsplit(":", 1)
     dist.init_process_group(
         "gloo",
@@ -126,10 +146,10 @@ def join(rank: int, world: int, tp: int, master: str) -> tuple[Any, str, Any, st
         world_size=world,
         timeout=datetime.timedelta(minutes=10),  # a lab hang lasts until the lab resumes it
     )
-    tps, dps = groups(world, tp)
+    tps, dps = groups(world, tp, pp)
     my_tp = my_dp = None
     tp_name = dp_name = ""
-    for k, ranks in enumerate(tps):  # every rank creates every group, in the same order
+    for k, ranks in enumerate(tps if tp > 1 else []):  # every rank creates every group, in order
         g = dist.new_group(ranks)
         if rank in ranks:
             my_tp, tp_name = g, f"tp{k}"
@@ -153,7 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
-    my_tp, tp_name, my_dp, dp_name = join(args.rank, args.world, args.tp, args.master)
+    my_tp, tp_name, my_dp, dp_name = join(args.rank, args.world, args.tp, args.master, args.pp)
+    per_stage = args.world // args.pp
+    stage = args.rank // per_stage
 
     inst = None
     if not args.no_instrument and (args.socket or args.spool):
@@ -164,14 +186,25 @@ def main(argv: list[str] | None = None) -> int:
             args.job, socket_path=args.socket, spool_dir=args.spool, flush_interval_s=0.5
         )
         inst = Instrumentation(recorder).install()
-        inst.register_group(tp_name, "tp", my_tp)
+        if my_tp is not None:
+            inst.register_group(tp_name, "tp", my_tp)
 
-    model = ParallelMLP(args.model, args.hidden, args.tp, my_tp, args.seed)
+    model = ParallelMLP(
+        args.model,
+        args.hidden // args.pp,
+        args.tp,
+        my_tp,
+        args.seed + stage,
+        head=stage == args.pp - 1,
+    )
     # DDP's gradient all-reduces are timed through the group it is given
     dp_group = inst.process_group(my_dp, dp_name, "dp") if inst is not None else my_dp
     ddp = nn.parallel.DistributedDataParallel(model, process_group=dp_group)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    replica = args.rank // args.tp  # data-parallel index: the same batch within a tp group
+    replica = (args.rank % per_stage) // args.tp  # data-parallel index: the same batch in a
+    # tp group and in every stage
+    prev = args.rank - per_stage if stage > 0 else None
+    nxt = args.rank + per_stage if stage < args.pp - 1 else None
     target_w = torch.randn(args.model, generator=torch.Generator().manual_seed(1234))
     progress = open(args.progress, "a", buffering=1) if args.progress else None  # noqa: SIM115
 
@@ -187,9 +220,9 @@ def main(argv: list[str] | None = None) -> int:
             start = time.time_ns()
             if inst is not None:
                 with inst.step(step):
-                    loss = _train_step(ddp, opt, x, y)
+                    loss = _train_step(ddp, opt, x, y, prev, nxt)
             else:
-                loss = _train_step(ddp, opt, x, y)
+                loss = _train_step(ddp, opt, x, y, prev, nxt)
             end = time.time_ns()
             if progress is not None:
                 progress.write(
@@ -209,13 +242,36 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _train_step(
-    ddp: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
+    ddp: nn.Module,
+    opt: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    prev: int | None = None,
+    nxt: int | None = None,
 ) -> float:
+    """One step of this rank's stage: receive activations from ``prev`` (the stage before),
+    send them on to ``nxt`` and receive their gradients back; the last stage has the loss."""
     opt.zero_grad(set_to_none=True)
-    loss = torch.nn.functional.mse_loss(ddp(x), y)
-    loss.backward()
+    if prev is not None:
+        x = torch.empty_like(x)
+        dist.recv(x, src=prev)
+        x.requires_grad_()
+    out = ddp(x)
+    loss = 0.0
+    if nxt is not None:
+        dist.send(out.detach().contiguous(), dst=nxt)
+        grad = torch.empty_like(out)
+        dist.recv(grad, src=nxt)
+        out.backward(grad)
+    else:
+        mse = torch.nn.functional.mse_loss(out, y)
+        mse.backward()
+        loss = float(mse.item())
+    if prev is not None:
+        assert x.grad is not None
+        dist.send(x.grad.contiguous(), dst=prev)
     opt.step()
-    return float(loss.item())
+    return loss
 
 
 if __name__ == "__main__":

@@ -21,14 +21,14 @@ from tests.live import free_port  # noqa: E402
 STEPS = 6
 
 
-def _run(tmp: Path, tag: str, instrument: bool) -> list[list[float]]:
+def _run(tmp: Path, tag: str, instrument: bool, layout: tuple[str, ...] = ()) -> list[list[float]]:
     port = free_port()
     procs = []
     for r in range(4):
         argv = [
             sys.executable, "-m", "failslow.harness.lab.train", "--rank", str(r), "--world", "4",
             "--master", f"127.0.0.1:{port}", "--steps", str(STEPS), "--batch", "64",
-            "--hidden", "256", "--progress", str(tmp / f"{tag}-{r}.jsonl"),
+            "--hidden", "256", "--progress", str(tmp / f"{tag}-{r}.jsonl"), *layout,
         ]  # fmt: skip
         if instrument:
             argv += ["--spool", str(tmp / "spool"), "--job", "lab-test"]
@@ -47,6 +47,31 @@ def test_groups_follow_megatron_order() -> None:
     assert groups(8, 2) == ([[0, 1], [2, 3], [4, 5], [6, 7]], [[0, 2, 4, 6], [1, 3, 5, 7]])
     with pytest.raises(ValueError):
         groups(6, 4)
+    # 2 stages of 2 data-parallel ranks (no tensor parallelism): data-parallel within a stage
+    assert groups(4, 1, 2)[1] == [[0, 1], [2, 3]]
+    assert groups(8, 2, 2) == ([[0, 1], [2, 3], [4, 5], [6, 7]], [[0, 2], [1, 3], [4, 6], [5, 7]])
+
+
+@pytest.mark.e2e
+def test_pipeline_lab_job_trains_bit_identically_and_reports_its_sends_and_receives(
+    tmp_path: Path,
+) -> None:
+    """``--pp 2 --tp 1``: ranks 0, 1 are stage 0 and send their activations to 2, 3."""
+    layout = ("--pp", "2", "--tp", "1")
+    plain = _run(tmp_path, "plain", instrument=False, layout=layout)
+    timed = _run(tmp_path, "timed", instrument=True, layout=layout)
+    assert plain == timed
+    assert plain[0] == [0.0] * STEPS and plain[2] != plain[3]  # the loss is the last stage's
+    items = []
+    for f in sorted((tmp_path / "spool").glob("*.jsonl")):
+        items += wire.decode_payload(f.read_bytes())[1]
+    colls = [wire.collective_dict(m) for m in items if m[0] == "c"]
+    p2p = {(c["comm"], c["rank"], c["op"]) for c in colls if c["comm"].startswith("p2p")}
+    assert p2p == {(f"p2p-{a}-{a + 2}", r, op) for a in (0, 1) for r in (a, a + 2)
+                   for op in ("send", "recv")}  # fmt: skip
+    sends = [c for c in colls if c["comm"] == "p2p-0-2" and c["op"] == "send"]
+    assert len(sends) == 2 * STEPS  # activations forward, gradients back
+    assert {c["comm"] for c in colls if not c["comm"].startswith("p2p")} == {"dp0", "dp1"}
 
 
 @pytest.mark.e2e
