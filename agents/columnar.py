@@ -120,11 +120,15 @@ class V2Sealer:
                 rec["peer"] = int(c["peer"][i])
             collectives.append(rec)
         s = cols.steps
-        steps = [
+        steps: list[dict[str, Any]] = [
             {"rank": int(s["rank"][i]), "step": int(s["step"][i]),
              "start_ns": int(s["start_ns"][i]), "end_ns": int(s["end_ns"][i])}
             for i in range(cols.n_steps)
         ]  # fmt: skip
+        if "work" in s:
+            for i, w in enumerate(s["work"].tolist()):
+                if w == w:
+                    steps[i]["work"] = w
         keep = ("job", "host", "sent_ns", "agent", "batch_seq")
         return {
             **{k: header[k] for k in keep if header.get(k) is not None},

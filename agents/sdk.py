@@ -119,17 +119,27 @@ class Recorder:
     ) -> None:
         self._push(["c", rank, comm, seq, op, nbytes, start_ns, end_ns, peer])
 
-    def record_step(self, *, rank: int, step: int, start_ns: int, end_ns: int) -> None:
-        self._push(["s", rank, step, start_ns, end_ns])
+    def record_step(
+        self, *, rank: int, step: int, start_ns: int, end_ns: int, work: float | None = None
+    ) -> None:
+        """``work``: the step's work on this rank (tokens, samples; any unit the job uses for
+        every rank), when it varies from step to step or rank to rank: compute is then compared
+        per unit of work (a rank with a long batch is not a straggler)."""
+        if work is None:
+            self._push(["s", rank, step, start_ns, end_ns])
+        else:
+            self._push(["s", rank, step, start_ns, end_ns, float(work)])
 
     @contextlib.contextmanager
-    def step(self, *, rank: int, step: int) -> Iterator[None]:
-        """Time a training step: ``with recorder.step(rank=r, step=i): ...``."""
+    def step(self, *, rank: int, step: int, work: float | None = None) -> Iterator[None]:
+        """Time a training step: ``with recorder.step(rank=r, step=i, work=tokens): ...``."""
         start = time.time_ns()
         try:
             yield
         finally:
-            self.record_step(rank=rank, step=step, start_ns=start, end_ns=time.time_ns())
+            self.record_step(
+                rank=rank, step=step, start_ns=start, end_ns=time.time_ns(), work=work
+            )
 
     @contextlib.contextmanager
     def collective(

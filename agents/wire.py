@@ -2,7 +2,8 @@
 
 Messages are JSON lines of compact arrays (one datagram or spool file holds many):
 ``["c", rank, comm, seq, op, bytes, start_ns, end_ns, peer]`` a collective record,
-``["s", rank, step, start_ns, end_ns]`` a step, ``["r", rank, gpu, world_size]`` a rank,
+``["s", rank, step, start_ns, end_ns]`` a step (``[..., work]``: with its work, in tokens or
+samples), ``["r", rank, gpu, world_size]`` a rank,
 ``["m", comm, kind, [ranks...]]`` a communicator. The first line is a header
 ``{"v": 1, "job": ..., "pid": ...}``.
 """
@@ -58,8 +59,11 @@ def collective_dict(m: list[Any]) -> dict[str, Any]:
 
 
 def step_dict(m: list[Any]) -> dict[str, Any]:
-    _, rank, step, start, end = m
-    return {"rank": rank, "step": step, "start_ns": start, "end_ns": end}
+    _, rank, step, start, end, *rest = m
+    d = {"rank": rank, "step": step, "start_ns": start, "end_ns": end}
+    if rest and rest[0] is not None:
+        d["work"] = rest[0]
+    return d
 
 
 def encode_envelope(envelope: dict[str, Any], *, compress: bool = True) -> bytes:

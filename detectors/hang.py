@@ -9,6 +9,10 @@ as the ranks the others wait for, directly or transitively, that are not themsel
 * a rank stuck inside an operation its peers already completed;
 * a rank whose host stopped reporting (no envelope for ``dead_after_s`` of event time).
 
+Roots are sinks only: a rank in flight in any blocked collective or p2p that waits for another
+rank is followed, never blamed. A missing rank is quiet only as far as its host has reported: a
+host whose envelopes lag behind the others has not yet said what its ranks did since.
+
 A collective is only blocked while some member we heard from is still inside it: when every
 reported member completed it, the missing members' records are merely late (a lagging agent).
 
@@ -160,6 +164,14 @@ class HangDetector:
                         stuck_inside.add(rank)
                     else:
                         waiting += 1
+        # Roots are sinks only: a rank still inside an op its peers completed, that is also in
+        # flight in another blocked op waiting for a rank that never arrived, waits itself
+        # (issue 16: a pipeline rank in a data-parallel all-reduce whose peer had finished it,
+        # while it waited for a stopped neighbour): follow it, do not blame it.
+        for rank in sorted(stuck_inside):
+            if rank in waits_in:
+                stuck_inside.discard(rank)
+                todo.append((rank, max(t for _, t in hung)))
         missing: dict[int, float] = {}  # root -> the timeout it was held to
         progressing: dict[int, float] = {}
         seen: set[int] = set()
@@ -177,7 +189,10 @@ class HangDetector:
                         (r, timeout) for r, s in zip(b.members, b.started, strict=True) if s is None
                     )
                 continue
-            quiet_s = (now - last_end.get(rank, 0)) / 1e9
+            # Quiet for how long, as far as its host has told us: a host whose envelopes lag
+            # (a busy agent) has not yet said what the rank did since, so it is not blamed yet.
+            heard = snap.host_last_ns.get(snap.host_of_rank.get(rank, ""), now)
+            quiet_s = (min(now, heard) - last_end.get(rank, 0)) / 1e9
             if quiet_s > timeout:
                 missing[rank] = timeout
             else:  # it completed work within the timeout: slow, not hung

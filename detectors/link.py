@@ -56,6 +56,7 @@ class LinkDetector:
         self,
         *,
         slow_ratio: float = DEFAULTS.link_ratio,
+        min_cost: float = DEFAULTS.link_cost,
         relax: float = 0.5,
         nic_fraction: float = 0.8,
         block: int = 10,
@@ -64,6 +65,7 @@ class LinkDetector:
         if not 0 < slow_ratio < 1:
             raise ValueError("slow_ratio must be in (0, 1)")
         self.slow_ratio = slow_ratio
+        self.min_cost = min_cost
         self.relaxed_ratio = 1.0 - (1.0 - slow_ratio) * relax
         self.nic_fraction = nic_fraction
         self.min_fit = 0.8  # F1 below which no single component explains the slow communicators
@@ -229,15 +231,40 @@ class LinkDetector:
         )
         elevated = known & (ratio < self.relaxed_ratio) & beyond_noise
         self.learn(busbw)
-        host_frac, suspects = self._localise(shape, n_comms, busbw, slow, own)
+        host_frac, suspects = self._localise(
+            shape, n_comms, busbw, slow, own, self.cost(frame, ratio, n_comms)
+        )
         return LinkScores(busbw, ratio, slow, elevated, host_frac, beyond_noise, suspects)
 
+    @staticmethod
+    def cost(frame: Frame, ratio: np.ndarray, n_comms: int) -> np.ndarray:
+        """Per comm: the share of a step it lost against its reference (NaN: unknown). Its
+        transfers took ``t`` in this frame; at the reference bandwidth they would have taken
+        ``t x ratio``."""
+        if frame.has_steps and np.isfinite(frame.step_time).any():
+            step = float(np.nanmedian(frame.step_time))
+        else:
+            step = (frame.end_ns - frame.start_ns) * 1e-9
+        if not step > 0:
+            return np.full(n_comms, np.nan)
+        with np.errstate(invalid="ignore"):
+            return frame.comm_transfer[:n_comms] * (1.0 - ratio[:n_comms]) / step
+
     def _localise(
-        self, shape: JobShape, n_comms: int, busbw: np.ndarray, slow: np.ndarray, own: np.ndarray
+        self,
+        shape: JobShape,
+        n_comms: int,
+        busbw: np.ndarray,
+        slow: np.ndarray,
+        own: np.ndarray,
+        cost: np.ndarray,
     ) -> tuple[np.ndarray, dict[Subject, LinkSuspect]]:
         """The single component (a host's NIC, or a cable between two hosts) whose communicators
         best match the slow ones: F1 between "crosses the component" and "is slow", over
-        communicators with data. Equally good edges are reported together (ambiguous)."""
+        communicators with data. Equally good edges are reported together (ambiguous). A
+        component is a suspect only when one of its slow communicators lost at least
+        ``min_cost`` of the step (``cost``): a slower link that costs the job nothing that
+        matters is not a fail-slow."""
         n_hosts = shape.n_hosts
         data = np.zeros(max(n_comms, 1), dtype=bool)
         data[:n_comms] = np.isfinite(busbw[:n_comms])
@@ -265,6 +292,11 @@ class LinkDetector:
         if best < self.min_fit:
             return host_frac, suspects
 
+        def matters(mask: np.ndarray) -> bool:
+            lost = cost[:n_comms][mask[:n_comms]]
+            lost = lost[np.isfinite(lost)]
+            return not lost.size or float(lost.max()) >= self.min_cost
+
         def slowdown(mask: np.ndarray) -> float:
             m = mask[:n_comms]
             with np.errstate(divide="ignore", invalid="ignore"):
@@ -278,7 +310,10 @@ class LinkDetector:
             h = int(hosts_best[0])  # a NIC explains it at least as well as any cable
             mine = np.zeros_like(data)
             mine[ch_comm[ch_host == h]] = True
-            suspects[Subject.host(shape.hosts[h])] = ((shape.hosts[h],), slowdown(bad & mine), ())
+            if matters(bad & mine):
+                suspects[Subject.host(shape.hosts[h])] = (
+                    (shape.hosts[h],), slowdown(bad & mine), ()
+                )
             return host_frac, suspects
         ids = np.flatnonzero(f_edge >= best - tol)
         if ids.size:
@@ -287,5 +322,6 @@ class LinkDetector:
             hosts = tuple(sorted({h for pair in names for h in pair}))
             crossing = np.zeros_like(data)
             crossing[ce_comm[np.isin(ce_edge, ids)]] = True
-            suspects[Subject.link(names)] = (hosts, slowdown(bad & crossing), names)
+            if matters(bad & crossing):
+                suspects[Subject.link(names)] = (hosts, slowdown(bad & crossing), names)
         return host_frac, suspects

@@ -7,7 +7,9 @@ own normal -- or standing far above its peers (``static_ratio``), which is never
 normal (an EWMA, :meth:`FrameHistory.learn_own_ratio`) is learned from every frame near it, so it
 follows slow drift but not a jump; back within half the rise, the rank is at home again
 (hysteresis). An open slow GPU stays elevated while it computes slower per unit of work than its
-normal, late or not: a rebalance that hides its lateness does not resolve it; its recovery does.
+normal, late or not, and beyond the job's noise: a rebalance that hides its lateness does not
+resolve it; its recovery does (also where the compute ratio jitters by tens of percent, as in a
+small pipeline whose ranks mostly wait).
 """
 
 from __future__ import annotations
@@ -35,9 +37,11 @@ def judge(
     is_open: np.ndarray,
     compute_ratio: float,
     static_ratio: float,
+    beyond_noise: np.ndarray | None = None,
 ) -> OwnVerdict:
     """Per rank: the peers' verdict (``suspect``, ``strong``, ``elevated``) against its own
-    normal ``own`` (NaN: none yet, learned from the first frame)."""
+    normal ``own`` (NaN: none yet, learned from the first frame). ``beyond_noise``: its ratio
+    stands out of the job's noise (None: always)."""
     with np.errstate(invalid="ignore", divide="ignore"):
         change = ratio / own
         changed = np.isnan(change) | (change >= compute_ratio)
@@ -45,6 +49,8 @@ def judge(
         at_home = change < 1.0 + (compute_ratio - 1.0) / 2
         far = ratio >= 1.0 + (static_ratio - 1.0) / 2
         still_slow = is_open & (change >= compute_ratio)
+        if beyond_noise is not None and beyond_noise.shape == still_slow.shape:
+            still_slow &= beyond_noise
     return OwnVerdict(
         suspect=suspect & (changed | big),
         strong=strong & (changed | big),

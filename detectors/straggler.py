@@ -24,7 +24,7 @@ needs a bigger and more persistent difference to convince than a quiet one. Unti
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -57,6 +57,8 @@ class FrameScores:
     suspect: np.ndarray  # bool: crosses the thresholds in this frame
     elevated: np.ndarray  # bool: crosses the relaxed thresholds (hysteresis, onset dating)
     strong: np.ndarray  # bool: far past the thresholds (fast opening)
+    # bool: the compute ratio stands out of the job's noise (relaxed; empty: not known)
+    beyond_noise: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
 
 def min_rule_lateness(late: np.ndarray, calls: np.ndarray) -> np.ndarray:
@@ -68,6 +70,54 @@ def min_rule_lateness(late: np.ndarray, calls: np.ndarray) -> np.ndarray:
         some = used.any(axis=1)
         out[some] = np.where(used, late[:, kinds], np.inf).min(axis=1)[some]
     return out
+
+
+def peer_excess(values: np.ndarray, groups: PeerGroups) -> np.ndarray:
+    """``value - leave-one-out median of its group``, minimum over the groups of each slot
+    (NaN where it has no peer with a value)."""
+    n = values.shape[0]
+    out = np.full(n, np.inf)
+    for stack in groups.stacks:
+        inside = stack < n
+        g = np.where(inside, stack, 0)
+        vals = np.where(inside, values[g], np.nan)
+        diff = vals - loo_median(vals)
+        ok = inside & np.isfinite(diff)
+        np.fmin.at(out, g[ok], diff[ok])
+    out[~np.isfinite(out)] = np.nan
+    return out
+
+
+def pipeline_delayed(frame: Frame, groups: PeerGroups) -> np.ndarray:
+    """Per rank: is its lateness inherited from a pipeline neighbour? A rank that waited in its
+    p2p operations longer than its role peers (same stage) by at least half the time its peers
+    waited for it per collective was held up by the stage before or after it -- a slow
+    neighbour or a slow link between them -- not by its own compute. (The neighbour, the real
+    culprit, waited no longer than its own peers.) Per collective: overlapping collectives
+    (DDP's gradient buckets) each count the same delay once more."""
+    if frame.busy.shape[0] != frame.n:
+        return np.zeros(frame.n, dtype=bool)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_call = np.where(frame.calls > 0, frame.late / np.maximum(frame.calls, 1), 0.0)
+    late = min_rule_lateness(per_call, frame.calls)
+    excess = peer_excess(frame.busy[:, P2P], groups)
+    with np.errstate(invalid="ignore"):
+        return np.nan_to_num((excess > 0) & (excess >= 0.5 * late), nan=0).astype(bool)
+
+
+def reported_work(frame: Frame) -> np.ndarray | None:
+    """Each rank's reported work relative to the frame's median (issue 16: variable sequence
+    lengths, MoE imbalance), or None unless every rank with a step in the frame reported it."""
+    w = frame.work
+    if w.shape != (frame.n,):
+        return None
+    present = np.isfinite(frame.step_time)
+    if not present.any() or not np.isfinite(w[present]).all():
+        return None
+    mid = float(np.median(w[present]))
+    if not mid > 0:
+        return None
+    return np.where(present, w / mid, np.nan)
 
 
 def peer_ratio(values: np.ndarray, groups: PeerGroups) -> np.ndarray:
@@ -113,6 +163,8 @@ class PeerLatenessDetector:
         self.min_pool_frames = 20
         self._ratio_pool: deque[np.ndarray] = deque(maxlen=200)
         self._late_pool: deque[np.ndarray] = deque(maxlen=200)
+        # the most work any rank reported, per recent frame: the job's usual (median) work
+        self._job_work: deque[float] = deque(maxlen=200)
 
     def _pooled_spread(self, pool: deque[np.ndarray], values: np.ndarray) -> tuple[float, float]:
         """(median, robust spread) of the pooled history (NaN while too short); then pools
@@ -147,12 +199,29 @@ class PeerLatenessDetector:
         with np.errstate(invalid="ignore"):
             return np.where(np.isfinite(ratio), (ratio - med) / spread, np.inf)
 
+    def _at_usual_work(self, frame: Frame, frame_time: float) -> float:
+        """The job's step time at its usual work: a synchronous job waits for its largest batch,
+        so where ranks report their work the step time is scaled by the most work reported in
+        this frame against the median of that over recent frames (a step of long sequences is
+        not a job slowdown)."""
+        if not frame.has_steps or frame.work.shape != (frame.n,) or not np.isfinite(frame_time):
+            return frame_time
+        present = np.isfinite(frame.step_time)
+        if not present.any() or not np.isfinite(frame.work[present]).all():
+            return frame_time
+        most = float(frame.work[present].max())
+        self._job_work.append(most)
+        usual = float(np.median(self._job_work))
+        return frame_time * usual / most if most > 0 and usual > 0 else frame_time
+
     def score(
         self, frame: Frame, groups: PeerGroups, work: np.ndarray | None = None
     ) -> FrameScores:
         """Score one frame. ``work``: each slot's share of the step's work relative to its
         peers (1.0 = equal; a rebalanced plan gives data-parallel ranks unequal micro-batch
-        shares), by which compute times are normalised before they are compared."""
+        shares), by which compute times are normalised before they are compared. Where every
+        rank of the frame reported its work (``Frame.work``: tokens, samples), that measured
+        work is used instead (it includes any plan's shares)."""
         present = (frame.calls.sum(axis=1) > 0) | np.isfinite(frame.step_time)
         late = np.where(present, min_rule_lateness(frame.late, frame.calls), np.nan)
         if frame.has_steps:
@@ -162,7 +231,10 @@ class PeerLatenessDetector:
                 else np.nan
             )
             compute = np.maximum(frame.step_time - frame.comm_time, 0.0)
-            if work is not None and work.shape == compute.shape:
+            reported = reported_work(frame)
+            if reported is not None:
+                compute = compute / reported
+            elif work is not None and work.shape == compute.shape:
                 compute = compute / work
             ratio = peer_ratio(compute, groups)
         else:
@@ -174,13 +246,19 @@ class PeerLatenessDetector:
         if not np.isfinite(frame_time) or frame_time <= 0:
             frame_time = np.nan
         late_fraction = late / frame_time
-        typical = np.nanmedian(late_fraction) if np.isfinite(late_fraction).any() else 0.0
+        # pipelines: a rank held up by its neighbour is neither the straggler nor the norm (its
+        # inherited lateness would raise the typical lateness and the noise of a small job)
+        inherited = (
+            pipeline_delayed(frame, groups) if frame.has_steps else np.zeros(frame.n, bool)
+        )
+        own_late = np.where(inherited, np.nan, late_fraction)
+        typical = np.nanmedian(own_late) if np.isfinite(own_late).any() else 0.0
         # Noise-relative: how far above typical is the rank, in robust spreads of this frame's
         # ratios? Jobs whose per-step work varies (random sequence lengths) need more to convince.
         small = int(present.sum()) < self.small
         if small:
             z = self._z_small(self._ratio_pool, ratio)
-            z_late = self._z_small(self._late_pool, late_fraction - typical)
+            z_late = self._z_small(self._late_pool, own_late - typical)
         else:
             z = self._z(ratio)
             z_late = np.full(ratio.shape, np.inf)
@@ -210,9 +288,13 @@ class PeerLatenessDetector:
                 & (z_late >= self.z_strong)
                 & frame.has_steps
             )
+        if inherited.any():
+            suspect &= ~inherited
+            elevated &= ~inherited
+            strong &= ~inherited
         return FrameScores(
             index=frame.index,
-            frame_time=frame_time,
+            frame_time=self._at_usual_work(frame, frame_time),
             late=late,
             late_fraction=late_fraction,
             compute=compute,
@@ -220,6 +302,7 @@ class PeerLatenessDetector:
             suspect=np.nan_to_num(suspect, nan=0).astype(bool),
             elevated=np.nan_to_num(elevated, nan=0).astype(bool),
             strong=np.nan_to_num(strong, nan=0).astype(bool),
+            beyond_noise=np.nan_to_num(z >= self.z_suspect * self.relax, nan=0).astype(bool),
         )
 
 

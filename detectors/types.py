@@ -38,6 +38,11 @@ class Frame:
     comm_transfer: np.ndarray = field(default_factory=lambda: np.zeros(0))
     comm_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0))
     comm_calls: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    # (n, len(KINDS)) time inside collectives and p2p per comm kind (``comm_time`` is its sum;
+    # empty where the caller does not say): a pipeline rank's time waiting for its neighbours
+    busy: np.ndarray = field(default_factory=lambda: np.zeros((0, len(KINDS))))
+    # (n,) each rank's work in the step as its SDK reported it (tokens, samples; NaN: not said)
+    work: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     @property
     def n(self) -> int:

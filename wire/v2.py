@@ -21,6 +21,7 @@ A body is ``magic | header length | header (JSON) | columns``::
         S x int64  step number
         S x int64  step start_ns
         S x int64  step end_ns
+        S x float64 step work -- only when the header says ``"step_work": true`` (NaN: none)
 
 Why raw columns: the service reads them with one ``numpy.frombuffer`` each (no parsing, no
 per-record object) and checks them with whole-array operations; 45 bytes a collective before
@@ -62,6 +63,7 @@ STEP_COLUMNS: tuple[tuple[str, str], ...] = (
     ("start_ns", "<i8"),
     ("end_ns", "<i8"),
 )
+STEP_WORK: tuple[str, str] = ("work", "<f8")  # optional: a step's work (tokens, samples)
 
 
 _COLLECTIVE_DTYPES = tuple((name, np.dtype(t)) for name, t in COLLECTIVE_COLUMNS)
@@ -101,12 +103,17 @@ def _pad(n: int) -> int:
 
 def encode(header: dict[str, Any], collectives: dict[str, Any], steps: dict[str, Any]) -> bytes:
     """A v2 body. ``collectives``/``steps``: column name -> sequence (or array) of values;
-    ``header`` without the counts (they are set here)."""
+    ``header`` without the counts (they are set here). A ``work`` step column is sent (and the
+    header says ``step_work``) when ``steps`` has one."""
     k = len(collectives.get("rank", ()))
     s = len(steps.get("rank", ()))
-    head = orjson.dumps({**header, "collectives": k, "steps": s})
+    work = "work" in steps
+    head = orjson.dumps(
+        {**header, "collectives": k, "steps": s, **({"step_work": True} if work else {})}
+    )
     parts = [MAGIC, struct.pack("<I", len(head)), head, b"\0" * _pad(8 + len(head))]
-    for names, count, values in ((COLLECTIVE_COLUMNS, k, collectives), (STEP_COLUMNS, s, steps)):
+    step_columns = STEP_COLUMNS + (STEP_WORK,) if work else STEP_COLUMNS
+    for names, count, values in ((COLLECTIVE_COLUMNS, k, collectives), (step_columns, s, steps)):
         for name, dtype in names:
             col = np.asarray(values[name], dtype=dtype) if count else np.zeros(0, dtype)
             if col.shape != (count,):
@@ -136,7 +143,11 @@ def decode(body: bytes) -> tuple[dict[str, Any], Columns]:
     view = memoryview(body)
     tables: list[dict[str, np.ndarray]] = []
     n = len(body)
-    for names, count in ((_COLLECTIVE_DTYPES, k), (_STEP_DTYPES, s)):
+    work = header.get("step_work", False)
+    if work not in (True, False):
+        raise FormatError("header.step_work must be true or false")
+    step_dtypes = _STEP_DTYPES + ((STEP_WORK[0], np.dtype(STEP_WORK[1])),) if work else _STEP_DTYPES
+    for names, count in ((_COLLECTIVE_DTYPES, k), (step_dtypes, s)):
         table: dict[str, np.ndarray] = {}
         for name, dtype in names:
             size = dtype.itemsize * count
@@ -172,9 +183,15 @@ def encode_records(
         peer = c.get("peer")
         cols["peer"].append(NO_PEER if peer is None else peer)
     st: dict[str, list[Any]] = {name: [] for name, _ in STEP_COLUMNS}
+    work = any(s.get("work") is not None for s in steps)
+    if work:
+        st["work"] = []
     for s in steps:
         st["rank"].append(s["rank"])
         st["step"].append(s["step"])
         st["start_ns"].append(s["start_ns"])
         st["end_ns"].append(s["end_ns"])
+        if work:
+            w = s.get("work")
+            st["work"].append(float("nan") if w is None else w)
     return encode(header, cols, st)

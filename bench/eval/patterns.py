@@ -5,12 +5,11 @@ Healthy patterns (every incident is false): hiccups (a rank's compute segment st
 and 0.4% per rank per step, the step's last segment included, so stalls cross step boundaries;
 checkpoints every 50 steps), drifting heterogeneity (3 ranks at 1.07 +- 0.035 over 120 steps),
 stable heterogeneity (3 ranks at a constant 1.07), and a Megatron layout with an embedding group
-(kind ``other``) and expert-parallel groups (``ep``). Fault patterns: a 1.2x GPU among drifting
-ranks, 1.2x and 1.5x GPUs in the Megatron layout (on ranks of the embedding group), and a 1.1x
-GPU in 5% compute noise.
-
-Not covered here: data-dependent step time (variable work per rank), which needs the SDK to
-report work per step (issue 16 item 6, not built yet).
+(kind ``other``) and expert-parallel groups (``ep``), and variable work (each data-parallel
+replica's tokens per step lognormal with sigma 0.25, correlated 0.9 from step to step,
+reported in the step records). Fault
+patterns: a 1.2x GPU among drifting ranks, 1.2x and 1.5x GPUs in the Megatron layout (on ranks
+of the embedding group), a 1.1x GPU in 5% compute noise, and a 1.2x GPU under variable work.
 """
 
 from __future__ import annotations
@@ -27,8 +26,10 @@ from failslow.harness.simulator.model import Noise
 
 PREFIX = "pattern:"
 HEALTHY_PATTERNS = frozenset(
-    PREFIX + p for p in ("hiccups", "hiccups-2x", "drift", "stable-hetero", "megatron")
+    PREFIX + p
+    for p in ("hiccups", "hiccups-2x", "drift", "stable-hetero", "megatron", "variable-work")
 )
+VARIABLE_WORK = Noise(work_spread=0.25, work_corr=0.9)
 L64 = Layout(tp=4, pp=2, dp=8, gpus_per_host=8)
 L32DP = Layout(tp=1, pp=1, dp=32, gpus_per_host=8)
 MEGATRON = Layout(tp=2, pp=2, dp=4, gpus_per_host=4, embedding=True, ep=2)
@@ -69,6 +70,14 @@ def cases(
         add(PREFIX + "1.1x-in-5%-noise", "gpu-1.1x-noise5-64r", L64,
             (Fault("slow_gpu", ONSET, factor=1.1, ranks=(rank,)),), factor=1.1, seed=seed,
             noise=Noise(jitter=0.05))  # fmt: skip
+        # its own random stream: the cases above keep the ranks they always had
+        own = random.Random(1000 + seed)
+        add(PREFIX + "variable-work", "variable-work-64r", L64, (), steps=healthy_steps,
+            seed=seed, noise=VARIABLE_WORK)  # fmt: skip
+        rank = own.randrange(L64.world)
+        add(PREFIX + "variable-work+gpu", "variable-work-gpu-1.2x-64r", L64,
+            (Fault("slow_gpu", ONSET, factor=1.2, ranks=(rank,)),), factor=1.2, seed=seed,
+            noise=VARIABLE_WORK)  # fmt: skip
 
 
 def summary(results: Iterable[Any]) -> dict[str, dict[str, Any]]:

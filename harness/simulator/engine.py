@@ -9,6 +9,7 @@ members then leave with a little exit jitter. Records carry each host's own cloc
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,7 @@ class _Rank:
     dead: bool = False
     spike: tuple[int, int] | None = None  # (step, op index) of a noise spike
     hiccup: tuple[int, int] | None = None  # (step, op index) of a stall (Noise.hiccup_prob)
+    work: float = 1.0  # this step's work relative to the usual (Noise.work_spread)
     epoch: int = 0  # bumped by a restart: events of an earlier epoch are dropped
     restarting: bool = False
 
@@ -60,6 +62,8 @@ class Simulation(Costs):
         self.noise = noise if noise is not None else Noise()
         self.faults = faults
         self.rng = np.random.default_rng(seed)
+        self._work: dict[tuple[int, int], float] = {}  # (step, replica) -> its work
+        self._work_log: dict[int, float] = {}  # replica -> log of its latest work (AR(1))
         self.t0_ns = t0_ns
         self.inflight_after_s = inflight_after_s
         n = layout.world
@@ -258,9 +262,12 @@ class Simulation(Costs):
         if r.restarting:
             r.restarting = False
         elif r.step >= 0:
-            self._emit(
-                t, r.host, ("s", r.rank, r.step, self.ns(r.step_start, r.host), self.ns(t, r.host))
-            )
+            rec: tuple[Any, ...] = (
+                "s", r.rank, r.step, self.ns(r.step_start, r.host), self.ns(t, r.host)
+            )  # fmt: skip
+            if self.noise.work_spread:
+                rec += (round(r.work * self.noise.work_tokens),)
+            self._emit(t, r.host, rec)
         r.step += 1
         if r.step >= self.steps:
             self.finished += 1
@@ -271,6 +278,8 @@ class Simulation(Costs):
             if fault.end_step is not None and r.step == fault.end_step and i not in self.fault_end:
                 self.fault_end[i] = t
         r.ops = self._program(r.rank, r.step)
+        if self.noise.work_spread:
+            r.work = self._replica_work(r.rank, r.step)
         r.pc = 0
         r.step_start = t
         ck = self.noise.checkpoint_every
@@ -283,6 +292,22 @@ class Simulation(Costs):
             victim = self.ranks[int(self.rng.integers(0, len(self.ranks)))]
             victim.spike = (victim.step + 1, 0)
         return True
+
+    def _replica_work(self, rank: int, step: int) -> float:
+        """One draw per (step, data-parallel replica): its tensor- and pipeline-parallel ranks
+        process the same batch."""
+        replica = self.layout.coords(rank)[1]
+        key = (step, replica)
+        w = self._work.get(key)
+        if w is None:
+            rho = self.noise.work_corr
+            x = float(self.rng.normal(0, self.noise.work_spread)) * math.sqrt(1 - rho * rho)
+            x += rho * self._work_log.get(replica, 0.0)
+            self._work_log[replica] = x
+            w = self._work[key] = math.exp(x)
+            if len(self._work) > 4 * self.layout.world:
+                self._work.pop(next(iter(self._work)))
+        return w
 
     # -- execution -----------------------------------------------------------------------------
     def run_until(self, t_end: float) -> None:

@@ -65,6 +65,14 @@ class Noise:
     drift_level: float = 1.07
     drift_amplitude: float = 0.035
     drift_period: int = 120
+    # Data-dependent step time (no fault): each data-parallel replica's work per step (its
+    # batch's tokens: variable sequence lengths) is lognormal with this sigma around
+    # ``work_tokens``, correlated from step to step by ``work_corr`` (AR(1) in log space:
+    # length-bucketed sampling gives a replica long batches for a stretch of steps); its ranks'
+    # compute scales with it and their step records say it.
+    work_spread: float = 0.0
+    work_corr: float = 0.0
+    work_tokens: int = 4096
 
     @staticmethod
     def none() -> Noise:
@@ -105,6 +113,7 @@ class Costs:
         """How long one compute segment of rank ``r`` (at ``r.pc - 1``) takes: its static
         speed, the faults, jitter, and the noise's spikes and hiccups."""
         seconds = base_s * self.static[r.rank] * self._compute_factor(r.rank, host, r.step)
+        seconds *= r.work
         nz = self.noise
         if nz.jitter:
             seconds *= math.exp(self.rng.normal(0, nz.jitter))

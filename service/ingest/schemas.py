@@ -52,6 +52,13 @@ class StepIn(BaseModel):
     step: int = Field(ge=0, le=INT32_MAX)
     start_ns: int = Field(ge=0)
     end_ns: int = Field(ge=0)
+    work: float | None = Field(
+        default=None,
+        gt=0,
+        description="The step's work on this rank (tokens, samples: one unit for the whole "
+        "job), where it varies (sequence lengths, MoE routing): compute is compared per unit of "
+        "work. Absent: equal work.",
+    )
 
 
 class Rejection(BaseModel):

@@ -199,6 +199,11 @@ def check_columns(
     }
     s = cols.steps
     sreason, sslot = v2check.step_reasons(s, ht.ranks, ht.slots, slot_host, host_index, jit=jit)
+    if "work" in s:  # optional column: NaN (not said) or a positive finite number
+        w = s["work"]
+        bad = (sreason == 0) & ~(np.isnan(w) | ((w > 0) & np.isfinite(w)))
+        if bad.any():
+            sreason = np.where(bad, len(v2check.STEP_RULES), sreason)
     index = np.arange(sreason.size)
     if sreason.any():
         _reject(sreason, v2check.STEP_RULES, "steps", rejected, reasons)
@@ -212,6 +217,8 @@ def check_columns(
         "start": s["start_ns"].astype(np.int64, copy=False),
         "end": s["end_ns"].astype(np.int64, copy=False),
     }
+    if "work" in s:
+        steps["work"] = s["work"].astype(np.float64, copy=False)
     return Checked(members, steps, rejected, reasons)
 
 
@@ -283,7 +290,7 @@ def apply_v2(state: JobState, header: dict[str, Any], cols: Columns) -> ApplyRes
     state.stage(checked.members)
     result.count(RecordKind.COLLECTIVE, int(checked.members["comm"].size))
     s = checked.steps
-    fresh, errors = state.add_steps(s["slot"], s["step"], s["start"], s["end"])
+    fresh, errors = state.add_steps(s["slot"], s["step"], s["start"], s["end"], s.get("work"))
     for i, exc in errors:
         result.reject(f"steps[{int(s['index'][i])}]", exc)
     new = int(fresh.sum())

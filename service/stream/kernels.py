@@ -109,7 +109,7 @@ def place_rows(  # type: ignore[no-untyped-def]  # noqa: ANN201
     f_start,  # noqa: ANN001 - (n,) this frame's step start per slot (-1: none)
     f_end,  # noqa: ANN001 - (n,) ... and end
     placed,  # noqa: ANN001 - (k, m) bool, in/out: already in an earlier frame
-    out_comm,  # noqa: ANN001 - (n,) summed durations
+    out_busy,  # noqa: ANN001 - (n * nk,) summed durations per (slot, kind)
     out_late,  # noqa: ANN001 - (n * nk,) summed lateness per (slot, kind)
     out_calls,  # noqa: ANN001 - (n * nk,) counts per (slot, kind)
     c_transfer,  # noqa: ANN001 - (n_comms,)
@@ -121,7 +121,7 @@ def place_rows(  # type: ignore[no-untyped-def]  # noqa: ANN201
     (and was not placed before) to the frame; a collective's transfer time and bytes go with
     its first member's record. Returns how many member records were placed."""
     k, m = starts.shape
-    n = out_comm.size
+    n = out_busy.size // nk
     n_c = c_calls.size
     count = 0
     for i in range(k):
@@ -136,7 +136,7 @@ def place_rows(  # type: ignore[no-untyped-def]  # noqa: ANN201
                 continue
             placed[i, j] = True
             count += 1
-            out_comm[s] += dur[i, j]
+            out_busy[s * nk + kd] += dur[i, j]
             out_late[s * nk + kd] += late[i, j]
             out_calls[s * nk + kd] += 1.0
             if j == 0:

@@ -131,7 +131,12 @@ def parse_step(raw: Any) -> StepRecord:
     end_ns = _req_int(rec, "end_ns")
     if end_ns < start_ns:
         raise RecordError(Reject.END_BEFORE_START, "end_ns before start_ns")
-    return StepRecord(rank, step, start_ns, end_ns)
+    work = rec.get("work")
+    if work is None:
+        return StepRecord(rank, step, start_ns, end_ns)
+    if type(work) not in (int, float) or not 0 < work < float("inf"):
+        raise RecordError(Reject.INVALID, "work must be a positive number")
+    return StepRecord(rank, step, start_ns, end_ns, float(work))
 
 
 def parse_rank(raw: Any) -> RankAnnouncement:

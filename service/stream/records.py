@@ -88,6 +88,7 @@ class StepRecord:
     step: int
     start_ns: int
     end_ns: int
+    work: float = float("nan")  # the step's work on the rank (tokens, samples); NaN: not said
 
 
 @dataclass(frozen=True, slots=True)

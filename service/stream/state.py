@@ -207,12 +207,19 @@ class JobState:
         return self.frames.add_step(slot, rec, self.topology.n_slots)
 
     def add_steps(
-        self, slot: np.ndarray, step: np.ndarray, start: np.ndarray, end: np.ndarray
+        self,
+        slot: np.ndarray,
+        step: np.ndarray,
+        start: np.ndarray,
+        end: np.ndarray,
+        work: np.ndarray | None = None,
     ) -> tuple[np.ndarray, list[tuple[int, RecordError]]]:
         """Many step records at once (see :meth:`FrameBuilder.add_steps`)."""
         distinct = len(set(slot.tolist())) == slot.size
         self._guard_ring(slot, distinct)
-        return self.frames.add_steps(slot, step, start, end, self.topology.n_slots, distinct)
+        return self.frames.add_steps(
+            slot, step, start, end, self.topology.n_slots, distinct, work=work
+        )
 
     def _guard_ring(self, slots: np.ndarray, distinct: bool = False) -> None:
         n = self.topology.n_slots

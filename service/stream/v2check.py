@@ -41,6 +41,7 @@ STEP_RULES: tuple[tuple[Reject, str], ...] = (
     (Reject.INVALID, "step must be >= 0 and < 2^31"),
     (Reject.INVALID, "start_ns must be >= 0"),
     (Reject.END_BEFORE_START, "end_ns before start_ns"),
+    (Reject.INVALID, "work must be a positive number"),  # checked in columnar.check_columns
 )
 P2P_CODE = np.array([op in (Op.SEND, Op.RECV) for op in OPS])
 N_OPS = len(OPS)

@@ -47,6 +47,15 @@ def test_rank_stuck_inside_an_op_its_peers_completed() -> None:
     assert f is not None and f.roots == (1,)
 
 
+def test_roots_are_sinks_a_rank_that_waits_for_another_is_never_one() -> None:
+    """Issue 16: 2 is still inside a data-parallel all-reduce its peer 0 completed, and in flight
+    in a p2p receive from 3, which never sent (stopped): 2 waits, 3 is the only root."""
+    dp = blocked("dp", (0, 2), {0: NOW - 6 * S, 2: NOW - 6 * S}, {0: NOW - 6 * S + 1000})
+    p2p = blocked("p2p-2-3", (2, 3), {2: NOW - 5 * S})  # 3 never entered its send
+    f = HangDetector().analyse(snap(dp, p2p, last_end={3: NOW - 6 * S}))
+    assert f is not None and f.roots == (3,), f
+
+
 def test_a_member_whose_peers_just_completed_is_not_stuck_yet() -> None:
     # 1 waited 3 s for 0, who arrived and finished 1.5 s ago: 1's own end record may still be
     # on its way (the clock starts at the peers' completion, not at 1's entry)

@@ -54,3 +54,26 @@ def test_a_stopped_rank_is_a_hang_rooted_at_it() -> None:
     (hang,) = hangs
     assert [r.state.topology.slot_rank[s] for s in hang.slots] == [1], hang
     assert not [f for _, f in r.opened(None) if f.kind in ("slow_gpu", "slow_node", "slow_link")]
+
+
+def test_pipeline_lab_link_hang_and_compute_are_each_named_once_and_nothing_else() -> None:
+    """Issue 16: a real 2-stage pipeline x 2-way data-parallel gloo job (``failslow lab --pp 2``,
+    rank 1 on node-1 in stage 0): tc tbf 100 Mbit on node-1 from step 60 to 130, SIGSTOP at
+    step 160, a 25% CPU quota from step 193 to 247. Before: the link fault opened ``slow_gpu``
+    on rank 3 (across the pipeline: it waited for its activations) and on rank 1 and no
+    ``slow_link``; CPU jitter in 1 ms eager sends opened three ``slow_link`` between healthy
+    hosts; the compute fault went unseen under the still-open wrong incidents."""
+    r = replay("pp2-link-hang-compute.jsonl.gz")
+    slot_rank = r.state.topology.slot_rank
+    opened = [(f.kind, f) for _, f in r.opened(None)]
+    kinds = sorted(k for k, _ in opened)
+    seen = [(k, f.subject, f.onset_index) for k, f in opened]
+    assert kinds == ["hang", "slow_gpu", "slow_link"], seen
+    by_kind = dict(opened)
+    link = by_kind["slow_link"]
+    assert "node-1" in link.hosts and len(link.hosts) <= 2, link.hosts
+    assert 60 <= (r.onset("slow_link", link.subject) or 0) <= 66
+    assert [slot_rank[s] for s in by_kind["hang"].slots] == [1]
+    gpu = by_kind["slow_gpu"]
+    assert [slot_rank[s] for s in gpu.slots] == [1]
+    assert 158 <= (r.onset("slow_gpu", gpu.subject) or 0) <= 164

@@ -136,3 +136,23 @@ def test_missing_rank_is_not_suspect() -> None:
 def test_rejects_bad_parameters() -> None:
     with pytest.raises(ValueError):
         PeerLatenessDetector(compute_ratio=1.0)
+
+
+def test_a_rank_held_up_by_its_pipeline_neighbour_is_not_the_straggler() -> None:
+    """Issue 16: 2 stages x 2 data-parallel ranks (slots 0, 1 in stage 0; 2, 3 in stage 1).
+    Slot 3 is late in its data-parallel all-reduces (2 overlapping buckets, 0.2 s each) only
+    because it waited 0.2 s longer than slot 2 for its activations; slot 1 is late by as much
+    with no extra wait (its own compute)."""
+    from failslow.detectors.straggler import pipeline_delayed
+
+    f = frame([0.8] * 4, [0.3] * 4, [0.0] * 4, [0.0, 0.4, 0.0, 0.4])
+    f.calls[:, TP] = 0
+    f.calls[:, DP] = 2
+    busy = np.zeros((4, len(KINDS)))
+    busy[:, P2P] = [0.1, 0.1, 0.1, 0.3]
+    f = Frame(**{**{k: getattr(f, k) for k in Frame.__slots__}, "busy": busy})
+    dp = PeerGroups.from_groups([np.array([0, 1]), np.array([2, 3])])
+    assert pipeline_delayed(f, dp).tolist() == [False, False, False, True]
+    # no p2p at all (no pipeline): nobody's lateness is inherited
+    g = Frame(**{**{k: getattr(f, k) for k in Frame.__slots__}, "busy": np.zeros((4, len(KINDS)))})
+    assert not pipeline_delayed(g, dp).any()

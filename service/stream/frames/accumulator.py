@@ -28,7 +28,8 @@ class FrameAcc:
     start_ns: int
     end_ns: int
     step_time: np.ndarray = field(default_factory=lambda: np.empty(0))
-    comm: np.ndarray = field(default_factory=lambda: np.empty(0))
+    work: np.ndarray = field(default_factory=lambda: np.empty(0))  # per slot, NaN: not said
+    busy: np.ndarray = field(default_factory=lambda: np.empty((0, NK)))  # time inside ops, by kind
     late: np.ndarray = field(default_factory=lambda: np.empty((0, NK)))
     calls: np.ndarray = field(default_factory=lambda: np.empty((0, NK)))
     starts: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # per slot, -1 = none
@@ -41,7 +42,8 @@ class FrameAcc:
 
     def grow(self, n: int, n_comms: int = 0) -> None:
         self.step_time = grow(self.step_time, n, np.nan)
-        self.comm = grow(self.comm, n, 0.0)
+        self.work = grow(self.work, n, np.nan)
+        self.busy = grow(self.busy, n, 0.0)
         self.late = grow(self.late, n, 0.0)
         self.calls = grow(self.calls, n, 0.0)
         self.starts = grow(self.starts, n, -1)

@@ -87,6 +87,7 @@ class FrameBuilder(Placement):
         if np.isnan(acc.step_time[slot]):
             acc.reported += 1
         acc.step_time[slot] = (rec.end_ns - rec.start_ns) * NS
+        acc.work[slot] = rec.work
         acc.starts[slot] = rec.start_ns
         acc.ends[slot] = rec.end_ns
         acc.start_ns = min(acc.start_ns, rec.start_ns)
@@ -101,12 +102,14 @@ class FrameBuilder(Placement):
         end: np.ndarray,
         n_slots: int,
         distinct: bool | None = None,
+        work: np.ndarray | None = None,
     ) -> tuple[np.ndarray, list[tuple[int, RecordError]]]:
         """Many step records at once: ``(fresh, errors)`` — which were new (the others were
         re-sends), and the index and error of each conflicting one. The same as
         :meth:`add_step` record by record; whole arrays when every slot appears once and no
         record is already known (the usual envelope), record by record otherwise. ``distinct``:
-        whether the caller already knows that every slot appears once."""
+        whether the caller already knows that every slot appears once. ``work``: each record's
+        work (NaN: not said), or None."""
         n = int(slot.size)
         fresh = np.zeros(n, dtype=bool)
         errors: list[tuple[int, RecordError]] = []
@@ -118,7 +121,8 @@ class FrameBuilder(Placement):
         known = (self.step_id[slot] == step[:, None]).any(axis=1)
         if not distinct or self.time_mode or known.any():
             for i in range(n):
-                rec = StepRecord(0, int(step[i]), int(start[i]), int(end[i]))
+                w = float(work[i]) if work is not None else float("nan")
+                rec = StepRecord(0, int(step[i]), int(start[i]), int(end[i]), w)
                 try:
                     fresh[i] = self.add_step(int(slot[i]), rec, n_slots) is Outcome.NEW
                 except RecordError as exc:
@@ -127,6 +131,7 @@ class FrameBuilder(Placement):
         fresh = step > self.max_step[slot] - self.ring  # older than the ring: a re-send
         if not fresh.all():
             slot, step, start, end = slot[fresh], step[fresh], start[fresh], end[fresh]
+            work = work[fresh] if work is not None else None
         if not slot.size:
             return fresh, errors
         j = step % self.ring
@@ -155,6 +160,8 @@ class FrameBuilder(Placement):
             acc.grow(n_slots, self.n_comms)
             acc.reported += int(np.isnan(acc.step_time[sl]).sum())
             acc.step_time[sl] = (en - st) * NS
+            if work is not None:
+                acc.work[sl] = work[mine]
             acc.starts[sl] = st
             acc.ends[sl] = en
             acc.start_ns = min(acc.start_ns, int(st.min()))
@@ -263,11 +270,13 @@ class FrameBuilder(Placement):
             start_ns=acc.start_ns,
             end_ns=acc.end_ns,
             step_time=acc.step_time,
-            comm_time=acc.comm,
+            comm_time=acc.busy.sum(axis=1),
             late=acc.late,
             calls=acc.calls,
             collectives=acc.collectives,
             comm_transfer=acc.c_transfer,
             comm_bytes=acc.c_bytes,
             comm_calls=acc.c_calls,
+            busy=acc.busy,
+            work=acc.work,
         )

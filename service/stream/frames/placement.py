@@ -103,7 +103,7 @@ class Placement:
             got = kernels.place_rows(
                 table[0], table[1], starts, dur, late, kind, comm, fastest, ebytes,
                 acc.starts, acc.ends, placed,
-                acc.comm, acc.late.reshape(-1), acc.calls.reshape(-1),
+                acc.busy.reshape(-1), acc.late.reshape(-1), acc.calls.reshape(-1),
                 acc.c_transfer, acc.c_bytes, acc.c_calls, NK,
             )  # fmt: skip
             acc.collectives += got
@@ -238,9 +238,9 @@ class Placement:
                 for name in ("slot", "kind", "dur", "late")
             )
             lo, hi = int(s.min()), int(s.max()) + 1
-            add_at(acc.comm, s, dur, lo, hi)
             flat = s * NK
             flat += k
+            add_at(acc.busy.reshape(-1), flat, dur, lo * NK, hi * NK)
             add_at(acc.late.reshape(-1), flat, late, lo * NK, hi * NK)
             add_at(acc.calls.reshape(-1), flat, None, lo * NK, hi * NK)
             acc.collectives += s.size
