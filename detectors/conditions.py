@@ -187,7 +187,8 @@ class Conditions:
         v = own.judge(s.compute_ratio, hist.own_ratio[:n], suspect=s.suspect, strong=s.strong,
                       elevated=s.elevated, is_open=is_open, compute_ratio=self.compute_ratio,
                       static_ratio=self.static_ratio,
-                      beyond_noise=s.beyond_noise if noisy else None)  # fmt: skip
+                      beyond_noise=s.beyond_noise if noisy else None,
+                      standout=s.standout if noisy else None)  # fmt: skip
         suspect = v.suspect & ~on_slow_host  # the node explains its ranks
         trans = self.gpus.update(suspect, v.elevated, np.isfinite(s.late), v.strong)
         hist.learn_own_ratio(s.compute_ratio, v.learn)

@@ -38,10 +38,14 @@ def judge(
     compute_ratio: float,
     static_ratio: float,
     beyond_noise: np.ndarray | None = None,
+    standout: np.ndarray | None = None,
 ) -> OwnVerdict:
     """Per rank: the peers' verdict (``suspect``, ``strong``, ``elevated``) against its own
     normal ``own`` (NaN: none yet, learned from the first frame). ``beyond_noise``: its ratio
-    stands out of the job's noise (None: always)."""
+    stands out of the job's noise (None: always). ``standout``: its ratio is past the threshold
+    and far out of the noise; a rank that also changed against its own normal is suspect on
+    the relaxed lateness (``elevated``): its peers wait for it at least half the usual share
+    (a 1.1x GPU in 5% noise makes them wait 1-4% of a step, frame by frame)."""
     with np.errstate(invalid="ignore", divide="ignore"):
         change = ratio / own
         changed = np.isnan(change) | (change >= compute_ratio)
@@ -51,6 +55,9 @@ def judge(
         still_slow = is_open & (change >= compute_ratio)
         if beyond_noise is not None and beyond_noise.shape == still_slow.shape:
             still_slow &= beyond_noise
+    if standout is not None and standout.shape == suspect.shape:
+        with np.errstate(invalid="ignore"):
+            suspect = suspect | (elevated & standout & (change >= compute_ratio))
     return OwnVerdict(
         suspect=suspect & (changed | big),
         strong=strong & (changed | big),

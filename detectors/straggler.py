@@ -42,6 +42,7 @@ MODELED = np.array([KIND_INDEX[k] for k in (CommKind.DP, CommKind.TP, CommKind.W
 # stage, whose members run different schedules). Their lateness is evidence for a rank in no
 # modeled group, and never vetoes one that is late in its own data/tensor-parallel groups.
 ADVISORY = np.array([KIND_INDEX[k] for k in (CommKind.EP, CommKind.CP, CommKind.OTHER)])
+TP, DP = KIND_INDEX[CommKind.TP], KIND_INDEX[CommKind.DP]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +60,8 @@ class FrameScores:
     strong: np.ndarray  # bool: far past the thresholds (fast opening)
     # bool: the compute ratio stands out of the job's noise (relaxed; empty: not known)
     beyond_noise: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    # bool: the compute ratio is past ``compute_ratio`` and far out of the noise (z >= 3)
+    standout: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
 
 def min_rule_lateness(late: np.ndarray, calls: np.ndarray) -> np.ndarray:
@@ -163,8 +166,10 @@ class PeerLatenessDetector:
         self.min_pool_frames = 20
         self._ratio_pool: deque[np.ndarray] = deque(maxlen=200)
         self._late_pool: deque[np.ndarray] = deque(maxlen=200)
-        # the most work any rank reported, per recent frame: the job's usual (median) work
-        self._job_work: deque[float] = deque(maxlen=200)
+        # (the most work any rank reported, the step time) of recent frames: the job's usual
+        # work and how its step time grows with work
+        self._job_work: deque[tuple[float, float]] = deque(maxlen=200)
+        self._usual_work = float("nan")  # fixed once 20 frames are known: the job's yardstick
 
     def _pooled_spread(self, pool: deque[np.ndarray], values: np.ndarray) -> tuple[float, float]:
         """(median, robust spread) of the pooled history (NaN while too short); then pools
@@ -199,20 +204,55 @@ class PeerLatenessDetector:
         with np.errstate(invalid="ignore"):
             return np.where(np.isfinite(ratio), (ratio - med) / spread, np.inf)
 
+    @staticmethod
+    def _unequal_work(frame: Frame) -> bool:
+        """Every rank reported its work and it differs by more than 2% across the job."""
+        w = reported_work(frame)
+        if w is None:
+            return False
+        w = w[np.isfinite(w)]
+        return bool(w.size) and float(w.max()) > 1.02 * float(w.min())
+
     def _at_usual_work(self, frame: Frame, frame_time: float) -> float:
-        """The job's step time at its usual work: a synchronous job waits for its largest batch,
-        so where ranks report their work the step time is scaled by the most work reported in
-        this frame against the median of that over recent frames (a step of long sequences is
-        not a job slowdown)."""
+        """The job's step time at its usual work (ResiHP's idea: predict the step time from the
+        data). A synchronous job waits for its largest batch, and only its compute grows with
+        it: a line ``time = a + b x most work`` is fitted to the last 200 frames (refitted
+        without frames 3 robust spreads above it, so a slowdown under way does not bend it), and
+        the step time is scaled by the line at the usual work (the median of the first 20
+        frames', then fixed: a yardstick that wandered with the data would carry the scaled times
+        with it) against the line at this frame's. Until 20 frames are known, by the work alone.
+        A step of long sequences is thus not a job slowdown, nor one of short sequences a fast
+        baseline."""
         if not frame.has_steps or frame.work.shape != (frame.n,) or not np.isfinite(frame_time):
             return frame_time
         present = np.isfinite(frame.step_time)
         if not present.any() or not np.isfinite(frame.work[present]).all():
             return frame_time
         most = float(frame.work[present].max())
-        self._job_work.append(most)
-        usual = float(np.median(self._job_work))
-        return frame_time * usual / most if most > 0 and usual > 0 else frame_time
+        if not most > 0:
+            return frame_time
+        self._job_work.append((most, frame_time))
+        pairs = np.array(self._job_work)
+        w, t = pairs[:, 0], pairs[:, 1]
+        if len(pairs) < 20:
+            return frame_time * float(np.median(w)) / most
+        if not self._usual_work == self._usual_work:
+            self._usual_work = float(np.median(w))
+        usual = self._usual_work
+        if float(w.std()) <= 0.01 * float(np.median(w)):
+            return frame_time * usual / most
+        b, a = np.polyfit(w, t, 1)
+        resid = t - (a + b * w)
+        spread = max(MAD_SCALE * float(np.median(np.abs(resid - np.median(resid)))), 1e-12)
+        keep = resid <= np.median(resid) + 3 * spread
+        if keep.sum() >= 10:
+            b, a = np.polyfit(w[keep], t[keep], 1)
+        b = max(float(b), 0.0)
+        a = float(np.median(t[keep] - b * w[keep]))
+        at_most, at_usual = a + b * most, a + b * usual
+        if not (at_most > 0 and at_usual > 0):
+            return frame_time * usual / most
+        return frame_time * at_usual / at_most
 
     def score(
         self, frame: Frame, groups: PeerGroups, work: np.ndarray | None = None
@@ -223,7 +263,14 @@ class PeerLatenessDetector:
         rank of the frame reported its work (``Frame.work``: tokens, samples), that measured
         work is used instead (it includes any plan's shares)."""
         present = (frame.calls.sum(axis=1) > 0) | np.isfinite(frame.step_time)
-        late = np.where(present, min_rule_lateness(frame.late, frame.calls), np.nan)
+        calls = frame.calls
+        if self._unequal_work(frame):
+            # data-parallel replicas had different batches: waiting there is the data's doing;
+            # a rank's tensor-parallel peers share its batch, so its lateness there still counts
+            calls = calls.copy()
+            with_tp = calls[:, TP] > 0
+            calls[with_tp, DP] = 0
+        late = np.where(present, min_rule_lateness(frame.late, calls), np.nan)
         if frame.has_steps:
             frame_time = (
                 float(np.nanmedian(frame.step_time))
@@ -303,6 +350,9 @@ class PeerLatenessDetector:
             elevated=np.nan_to_num(elevated, nan=0).astype(bool),
             strong=np.nan_to_num(strong, nan=0).astype(bool),
             beyond_noise=np.nan_to_num(z >= self.z_suspect * self.relax, nan=0).astype(bool),
+            standout=np.nan_to_num(
+                (ratio >= self.compute_ratio) & (z >= self.z_suspect), nan=0
+            ).astype(bool),
         )
 
 

@@ -23,7 +23,8 @@ from failslow.service.detection.engine import JobRuntime
 from failslow.service.stream.settings import StateSettings
 from failslow.service.stream.state import JobState
 
-FORMAT = 3  # 2: JobState.clock (stream/clock.py); 3: Topology.budget (stream/topology.py)
+FORMAT = 4  # 2: JobState.clock (stream/clock.py); 3: Topology.budget (stream/topology.py);
+# 4: frames keep time per comm kind and work per rank, the peer detector the job's usual work
 _RUNTIME_SKIP = ("lock", "shape", "shape_version")  # rebuilt on the next pass
 
 
