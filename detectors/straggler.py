@@ -236,7 +236,7 @@ class PeerLatenessDetector:
         w, t = pairs[:, 0], pairs[:, 1]
         if len(pairs) < 20:
             return frame_time * float(np.median(w)) / most
-        if not self._usual_work == self._usual_work:
+        if np.isnan(self._usual_work):
             self._usual_work = float(np.median(w))
         usual = self._usual_work
         if float(w.std()) <= 0.01 * float(np.median(w)):
