@@ -32,6 +32,7 @@ from failslow.detectors.defaults import DEFAULTS
 from failslow.detectors.robust import MAD_SCALE, group_median, loo_median
 from failslow.detectors.types import KIND_INDEX, P2P, Frame, JobShape, PeerGroups
 from failslow.detectors.vocab import CommKind
+from failslow.detectors.work import JobWork, reported_work, unequal_work
 
 # The kinds the min rule models: members are peers doing the same work at the same time, so a
 # straggler is late in every one of them. Pipeline comms (p2p pairs) carry structural lateness:
@@ -108,21 +109,6 @@ def pipeline_delayed(frame: Frame, groups: PeerGroups) -> np.ndarray:
         return np.nan_to_num((excess > 0) & (excess >= 0.5 * late), nan=0).astype(bool)
 
 
-def reported_work(frame: Frame) -> np.ndarray | None:
-    """Each rank's reported work relative to the frame's median (issue 16: variable sequence
-    lengths, MoE imbalance), or None unless every rank with a step in the frame reported it."""
-    w = frame.work
-    if w.shape != (frame.n,):
-        return None
-    present = np.isfinite(frame.step_time)
-    if not present.any() or not np.isfinite(w[present]).all():
-        return None
-    mid = float(np.median(w[present]))
-    if not mid > 0:
-        return None
-    return np.where(present, w / mid, np.nan)
-
-
 def peer_ratio(values: np.ndarray, groups: PeerGroups) -> np.ndarray:
     """``value / leave-one-out median of its group``, minimum over the groups of each slot."""
     n = values.shape[0]
@@ -166,10 +152,7 @@ class PeerLatenessDetector:
         self.min_pool_frames = 20
         self._ratio_pool: deque[np.ndarray] = deque(maxlen=200)
         self._late_pool: deque[np.ndarray] = deque(maxlen=200)
-        # (the most work any rank reported, the step time) of recent frames: the job's usual
-        # work and how its step time grows with work
-        self._job_work: deque[tuple[float, float]] = deque(maxlen=200)
-        self._usual_work = float("nan")  # fixed once 20 frames are known: the job's yardstick
+        self.job_work = JobWork()  # the job's step time at its usual work
 
     def _pooled_spread(self, pool: deque[np.ndarray], values: np.ndarray) -> tuple[float, float]:
         """(median, robust spread) of the pooled history (NaN while too short); then pools
@@ -204,56 +187,6 @@ class PeerLatenessDetector:
         with np.errstate(invalid="ignore"):
             return np.where(np.isfinite(ratio), (ratio - med) / spread, np.inf)
 
-    @staticmethod
-    def _unequal_work(frame: Frame) -> bool:
-        """Every rank reported its work and it differs by more than 2% across the job."""
-        w = reported_work(frame)
-        if w is None:
-            return False
-        w = w[np.isfinite(w)]
-        return bool(w.size) and float(w.max()) > 1.02 * float(w.min())
-
-    def _at_usual_work(self, frame: Frame, frame_time: float) -> float:
-        """The job's step time at its usual work (ResiHP's idea: predict the step time from the
-        data). A synchronous job waits for its largest batch, and only its compute grows with
-        it: a line ``time = a + b x most work`` is fitted to the last 200 frames (refitted
-        without frames 3 robust spreads above it, so a slowdown under way does not bend it), and
-        the step time is scaled by the line at the usual work (the median of the first 20
-        frames', then fixed: a yardstick that wandered with the data would carry the scaled times
-        with it) against the line at this frame's. Until 20 frames are known, by the work alone.
-        A step of long sequences is thus not a job slowdown, nor one of short sequences a fast
-        baseline."""
-        if not frame.has_steps or frame.work.shape != (frame.n,) or not np.isfinite(frame_time):
-            return frame_time
-        present = np.isfinite(frame.step_time)
-        if not present.any() or not np.isfinite(frame.work[present]).all():
-            return frame_time
-        most = float(frame.work[present].max())
-        if not most > 0:
-            return frame_time
-        self._job_work.append((most, frame_time))
-        pairs = np.array(self._job_work)
-        w, t = pairs[:, 0], pairs[:, 1]
-        if len(pairs) < 20:
-            return frame_time * float(np.median(w)) / most
-        if np.isnan(self._usual_work):
-            self._usual_work = float(np.median(w))
-        usual = self._usual_work
-        if float(w.std()) <= 0.01 * float(np.median(w)):
-            return frame_time * usual / most
-        b, a = np.polyfit(w, t, 1)
-        resid = t - (a + b * w)
-        spread = max(MAD_SCALE * float(np.median(np.abs(resid - np.median(resid)))), 1e-12)
-        keep = resid <= np.median(resid) + 3 * spread
-        if keep.sum() >= 10:
-            b, a = np.polyfit(w[keep], t[keep], 1)
-        b = max(float(b), 0.0)
-        a = float(np.median(t[keep] - b * w[keep]))
-        at_most, at_usual = a + b * most, a + b * usual
-        if not (at_most > 0 and at_usual > 0):
-            return frame_time * usual / most
-        return frame_time * at_usual / at_most
-
     def score(
         self, frame: Frame, groups: PeerGroups, work: np.ndarray | None = None
     ) -> FrameScores:
@@ -264,7 +197,7 @@ class PeerLatenessDetector:
         work is used instead (it includes any plan's shares)."""
         present = (frame.calls.sum(axis=1) > 0) | np.isfinite(frame.step_time)
         calls = frame.calls
-        if self._unequal_work(frame):
+        if unequal_work(frame):
             # data-parallel replicas had different batches: waiting there is the data's doing;
             # a rank's tensor-parallel peers share its batch, so its lateness there still counts
             calls = calls.copy()
@@ -295,9 +228,7 @@ class PeerLatenessDetector:
         late_fraction = late / frame_time
         # pipelines: a rank held up by its neighbour is neither the straggler nor the norm (its
         # inherited lateness would raise the typical lateness and the noise of a small job)
-        inherited = (
-            pipeline_delayed(frame, groups) if frame.has_steps else np.zeros(frame.n, bool)
-        )
+        inherited = pipeline_delayed(frame, groups) if frame.has_steps else np.zeros(frame.n, bool)
         own_late = np.where(inherited, np.nan, late_fraction)
         typical = np.nanmedian(own_late) if np.isfinite(own_late).any() else 0.0
         # Noise-relative: how far above typical is the rank, in robust spreads of this frame's
@@ -341,7 +272,7 @@ class PeerLatenessDetector:
             strong &= ~inherited
         return FrameScores(
             index=frame.index,
-            frame_time=self._at_usual_work(frame, frame_time),
+            frame_time=self.job_work.at_usual_work(frame, frame_time),
             late=late,
             late_fraction=late_fraction,
             compute=compute,
