@@ -16,10 +16,10 @@ class Defaults:
     late_fraction: float = 0.02
     compute_ratio: float = 1.05  # compute time vs role peers that makes a rank suspect
     link_ratio: float = 0.85  # bus bandwidth vs its references below which a comm is suspect
-    # ... and only when the time it loses against its reference is at least this share of the
-    # step: a 9x slower 1 ms message on a 300 ms step (CPU jitter in an eager send) is no
-    # fail-slow; a slow link that matters costs the job far more
-    link_cost: float = 0.05
+    # ... and only when one of its slow comms loses at least this share of the step against
+    # its reference: two 1 ms eager sends slowed by CPU jitter on a 300 ms step are no
+    # fail-slow; a 3x slower cable carrying only pipeline sends costs ~1.3%, a slow NIC more
+    link_cost: float = 0.01
     job_slowdown_ratio: float = 1.1  # job step time vs baseline for a job-wide slowdown
     # The least evidence for anything to open: a deviation seen in fewer frames (steps) than
     # this is never an incident (a hiccup, a checkpoint, one rank stalling across a step
