@@ -346,7 +346,7 @@ class Conditions:
         if not frame.has_steps:
             return []
         hist = self.history
-        base = hist.baseline()
+        base = hist.job_normal()
         last3 = hist.f_time[hist.positions(hist.count - 3)]
         recent = float(np.median(last3)) if last3.size == 3 and np.isfinite(last3).all() else np.nan
         ratio = recent / base if np.isfinite(base) and base > 0 else float("nan")

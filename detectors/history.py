@@ -26,6 +26,10 @@ def median(a: np.ndarray) -> float:
     return float(np.nanmedian(a)) if np.isfinite(a).any() else float("nan")
 
 
+NEAR_NORMAL = 1.05  # a block median this close to the job's normal moves it
+NORMAL_PULL = 0.3  # ... by this share of the difference (about 3 blocks to follow a drift)
+
+
 class FrameHistory:
     """Recent frames of one job. Mutated only by the pipeline that owns it."""
 
@@ -60,6 +64,9 @@ class FrameHistory:
         self.block = baseline_block
         self._block: list[float] = []
         self.blocks: deque[float] = deque(maxlen=max(1, baseline_frames // baseline_block))
+        # the job's own normal step time: block medians near it (within 5%) pull it along, so it
+        # follows a slow drift of the machine but not a jump (see ``job_normal``)
+        self.normal = float("nan")
 
     # -- shape ---------------------------------------------------------------------------------
     def ensure(self, n: int, n_comms: int) -> None:
@@ -139,8 +146,20 @@ class FrameHistory:
     def add_to_baseline(self, step_time: float) -> None:
         self._block.append(step_time)
         if len(self._block) >= self.block:
-            self.blocks.append(float(np.median(self._block)))
+            m = float(np.median(self._block))
+            self.blocks.append(m)
             self._block = []
+            if np.isnan(self.normal):
+                self.normal = m
+            elif m < NEAR_NORMAL * self.normal:
+                self.normal += NORMAL_PULL * (m - self.normal)
+
+    def job_normal(self) -> float:
+        """What a job slowdown is judged against: the healthy baseline, or the job's own normal
+        where that has drifted above it (issue 16: a job on a shared machine that gets 30%
+        slower over 200 steps, 10-step block by block, has no fault to find; a jump has)."""
+        base = self.baseline()
+        return max(base, self.normal) if np.isfinite(self.normal) else base
 
     # -- reading -------------------------------------------------------------------------------
     def gpu_signal(self, slot: int, pos: np.ndarray) -> np.ndarray:
