@@ -281,8 +281,10 @@ class PeerLatenessDetector:
             elevated=np.nan_to_num(elevated, nan=0).astype(bool),
             strong=np.nan_to_num(strong, nan=0).astype(bool),
             beyond_noise=np.nan_to_num(z >= self.z_suspect * self.relax, nan=0).astype(bool),
+            # not in small jobs: their noise is pooled over history, and their ranks (a small
+            # pipeline's on shared cores) jump by tens of percent for a few dozen steps
             standout=np.nan_to_num(
-                (ratio >= self.compute_ratio) & (z >= self.z_suspect), nan=0
+                (ratio >= self.compute_ratio) & (z >= self.z_suspect) & (not small), nan=0
             ).astype(bool),
         )
 
