@@ -24,6 +24,7 @@ needs a bigger and more persistent difference to convince than a quiet one. Unti
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -76,20 +77,29 @@ def min_rule_lateness(late: np.ndarray, calls: np.ndarray) -> np.ndarray:
     return out
 
 
-def peer_excess(values: np.ndarray, groups: PeerGroups) -> np.ndarray:
-    """``value - leave-one-out median of its group``, minimum over the groups of each slot
-    (NaN where it has no peer with a value)."""
+def _min_over_groups(
+    values: np.ndarray, groups: PeerGroups, against: Callable[[np.ndarray, np.ndarray], np.ndarray]
+) -> np.ndarray:
+    """``against(value, leave-one-out median of its group)``, minimum over the groups of each
+    slot (NaN where no group gives a finite value)."""
     n = values.shape[0]
     out = np.full(n, np.inf)
     for stack in groups.stacks:
         inside = stack < n
         g = np.where(inside, stack, 0)
         vals = np.where(inside, values[g], np.nan)
-        diff = vals - loo_median(vals)
-        ok = inside & np.isfinite(diff)
-        np.fmin.at(out, g[ok], diff[ok])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            score = against(vals, loo_median(vals))
+        ok = inside & np.isfinite(score)
+        np.fmin.at(out, g[ok], score[ok])
     out[~np.isfinite(out)] = np.nan
     return out
+
+
+def peer_excess(values: np.ndarray, groups: PeerGroups) -> np.ndarray:
+    """``value - leave-one-out median of its group``, minimum over the groups of each slot
+    (NaN where it has no peer with a value)."""
+    return _min_over_groups(values, groups, np.subtract)
 
 
 def pipeline_delayed(frame: Frame, groups: PeerGroups) -> np.ndarray:
@@ -111,19 +121,7 @@ def pipeline_delayed(frame: Frame, groups: PeerGroups) -> np.ndarray:
 
 def peer_ratio(values: np.ndarray, groups: PeerGroups) -> np.ndarray:
     """``value / leave-one-out median of its group``, minimum over the groups of each slot."""
-    n = values.shape[0]
-    out = np.full(n, np.inf)
-    for stack in groups.stacks:
-        inside = stack < n
-        g = np.where(inside, stack, 0)
-        vals = np.where(inside, values[g], np.nan)
-        med = loo_median(vals)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.where(med > 0, vals / med, np.nan)
-        ok = inside & np.isfinite(ratio)
-        np.fmin.at(out, g[ok], ratio[ok])
-    out[~np.isfinite(out)] = np.nan
-    return out
+    return _min_over_groups(values, groups, lambda v, med: np.where(med > 0, v / med, np.nan))
 
 
 class PeerLatenessDetector:
