@@ -18,7 +18,7 @@ from failslow.detectors.changepoint import OnlineChangeDetector
 from failslow.detectors.defaults import DEFAULTS
 from failslow.detectors.findings import Finding, date_onset
 from failslow.detectors.hang import HangDetector, HangSnapshot
-from failslow.detectors.history import FrameHistory
+from failslow.detectors.history import JOB_NOISE_BAR, FrameHistory
 from failslow.detectors.lifecycle import ConditionTracker, KeyedTracker, run_start
 from failslow.detectors.link import LinkDetector, LinkScores
 from failslow.detectors.report import OpenCondition, Reporter
@@ -334,29 +334,30 @@ class Conditions:
         return out
 
     # -- job slowdown --------------------------------------------------------------------------
+    def job_slowdown_open(self) -> bool:
+        return (IncidentKind.JOB_SLOWDOWN, Subject.job()) in self.opened
+
     def job_step(
         self, frame: Frame, s: FrameScores, nodes: NodeScores, links: LinkScores
     ) -> list[Finding]:
-        """A job-wide slowdown: the median step time of the last three frames >=
-        ``job_slowdown_ratio`` x baseline (two slow steps of three: hiccups of different ranks in
-        consecutive steps, or one checkpoint stall, cannot do that), in ``open_after`` of the
-        last ``window`` frames, while no GPU, node or link is suspected or blamed: a sustained
-        change of at least ~6 steps. Dated by the job step time's confirmed change point when
-        there is one."""
+        """A job-wide slowdown: the job's step time against its normal (``job_normal``), by at
+        least ``job_slowdown_ratio`` and twice the job's step noise (a job whose steps vary by
+        10% wanders by 20% between blocks with nothing wrong), as the median over the last
+        ``evidence_frames()`` frames and the last three alike (sustained, and still so), in
+        ``open_after`` of the last ``window`` frames, while no GPU, node or link is suspected
+        or blamed. Hiccups of different ranks in consecutive steps, or one checkpoint stall,
+        cannot do that. Dated by the job step time's confirmed change point when there is one."""
         if not frame.has_steps:
             return []
         hist = self.history
         base = hist.job_normal()
-        last3 = hist.f_time[hist.positions(hist.count - 3)]
-        recent = float(np.median(last3)) if last3.size == 3 and np.isfinite(last3).all() else np.nan
-        ratio = recent / base if np.isfinite(base) and base > 0 else float("nan")
-        # ... and beyond the job's own step-time noise (3 robust spreads over the history): the
-        # steps of a small job on shared CPUs vary by more than 10% with nothing wrong
-        past = hist.f_time[np.isfinite(hist.f_time)]
-        if past.size >= 20 and np.isfinite(ratio):
-            spread = 1.4826 * float(np.median(np.abs(past - np.median(past))))
-            if recent - base < 3.0 * spread:
-                ratio = min(ratio, 1.0)
+        jr = max(self.job_slowdown_ratio, 1.0 + JOB_NOISE_BAR * hist.step_noise())
+        level = hist.job_level()
+        ratio = level / base if np.isfinite(base) and base > 0 else float("nan")
+        # ... and, to open, beyond the spread of the step times kept (3 robust spreads): while a
+        # change is younger than the history, both levels are in it (a noisy job's first level
+        # shift in the lab's warm-up: +50% for 30 steps, healthy); an open one stays elevated
+        beyond = level - base >= 3.0 * hist.step_spread()
         # A culprit is an open incident or one suspected in both of the last two frames: when a
         # job-wide slowdown starts, ranks enter the slow step at slightly different times and
         # look uneven for a frame.
@@ -365,9 +366,8 @@ class Conditions:
             info.kind != IncidentKind.JOB_SLOWDOWN for info in self.opened.values()
         )
         kind, key = IncidentKind.JOB_SLOWDOWN, Subject.job()
-        jr = self.job_slowdown_ratio
-        suspect = {key} if ratio >= jr and not culprit else set()
-        strong = {key} if ratio >= 1 + 2 * (jr - 1) and not culprit else set()
+        suspect = {key} if ratio >= jr and beyond and not culprit else set()
+        strong = {key} if ratio >= 1 + 2 * (jr - 1) and beyond and not culprit else set()
         elevated = {key} if ratio >= 1 + (jr - 1) / 2 else set()
         opened, resolved = self.job_keys.update(suspect, elevated, strong)
         out = []

@@ -26,8 +26,11 @@ def median(a: np.ndarray) -> float:
     return float(np.nanmedian(a)) if np.isfinite(a).any() else float("nan")
 
 
-NEAR_NORMAL = 1.05  # a block median this close to the job's normal moves it
+NEAR_NORMAL = 1.05  # a block median this close to the job's normal moves it ...
+NOISE_BAND = 2.0  # ... or within this many times the job's step noise, where that is wider
 NORMAL_PULL = 0.3  # ... by this share of the difference (about 3 blocks to follow a drift)
+NOISE_BLOCKS = 20  # blocks over which the job's step noise is the median
+JOB_NOISE_BAR = 2.0  # a job slowdown is at least this many times the job's step noise
 
 
 class FrameHistory:
@@ -67,6 +70,9 @@ class FrameHistory:
         # the job's own normal step time: block medians near it (within 5%) pull it along, so it
         # follows a slow drift of the machine but not a jump (see ``job_normal``)
         self.normal = float("nan")
+        # ... and the job's step-to-step noise: per block, the robust relative spread of its
+        # step times around the block's median (a level shift between blocks is not noise)
+        self.noise_blocks: deque[float] = deque(maxlen=NOISE_BLOCKS)
 
     # -- shape ---------------------------------------------------------------------------------
     def ensure(self, n: int, n_comms: int) -> None:
@@ -143,16 +149,59 @@ class FrameHistory:
         """Healthy job step time (NaN until one block of frames after warm-up was seen)."""
         return min(self.blocks) if self.blocks else float("nan")
 
-    def add_to_baseline(self, step_time: float) -> None:
+    def add_to_baseline(self, step_time: float, *, follow: bool = True) -> None:
+        """``follow``: the job's normal may move (not while a job slowdown is open)."""
         self._block.append(step_time)
         if len(self._block) >= self.block:
-            m = float(np.median(self._block))
+            block = np.asarray(self._block)
+            m = float(np.median(block))
             self.blocks.append(m)
             self._block = []
+            if m > 0:
+                self.noise_blocks.append(1.4826 * float(np.median(np.abs(block - m))) / m)
             if np.isnan(self.normal):
                 self.normal = m
-            elif m < NEAR_NORMAL * self.normal:
+            elif follow and m < (1.0 + self.near_normal()) * self.normal:
                 self.normal += NORMAL_PULL * (m - self.normal)
+
+    def step_noise(self) -> float:
+        """The job's step-to-step noise: a step time's robust relative deviation from its block
+        (median over the last ``NOISE_BLOCKS`` blocks; 0 before the first block)."""
+        return float(np.median(self.noise_blocks)) if self.noise_blocks else 0.0
+
+    def near_normal(self) -> float:
+        """How far above the normal a block median still moves it: 5%, or twice the step noise
+        of a noisy job (whose block medians wander by that much with nothing wrong)."""
+        return max(NEAR_NORMAL - 1.0, NOISE_BAND * self.step_noise())
+
+    def evidence_frames(self) -> int:
+        """Frames over which a job-level change must hold: 3 for a steady job (step noise <= 1.5%),
+        growing with the square of the noise (12 at 3%, 60 at 6.7% and more): a small job on
+        shared CPUs, whose steps vary by 7-10%, runs 20-50 steps at +30% with nothing wrong
+        (docs/lab.md); at most the history kept."""
+        frames = round(3.0 * (self.step_noise() / 0.015) ** 2)
+        return int(min(self.h - 4, max(3, frames)))
+
+    def job_level(self) -> float:
+        """The job's step time now, for a job slowdown: the lower of the median of the last three
+        frames (still slow) and, over the last ``evidence_frames``, the step time that three
+        quarters of them reach (slow for most of that span; the median when it is 3 frames);
+        NaN until three frames have step times."""
+        last3 = self.f_time[self.positions(self.count - 3)]
+        if last3.size < 3 or not np.isfinite(last3).all():
+            return float("nan")
+        d = self.evidence_frames()
+        span = self.f_time[self.positions(self.count - d)]
+        span = span[np.isfinite(span)]
+        held = float(np.quantile(span, 0.25 if d > 3 else 0.5)) if span.size else np.nan
+        return min(float(np.median(last3)), held)
+
+    def step_spread(self) -> float:
+        """Robust spread (s) of the job step times kept (0 with fewer than 20)."""
+        past = self.f_time[np.isfinite(self.f_time)]
+        if past.size < 20:
+            return 0.0
+        return 1.4826 * float(np.median(np.abs(past - np.median(past))))
 
     def job_normal(self) -> float:
         """What a job slowdown is judged against: the healthy baseline, or the job's own normal

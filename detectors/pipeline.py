@@ -202,7 +202,7 @@ class JobPipeline:
         if self.update_every and hist.count % self.update_every == 0:
             findings += cond.updates(frame, findings)
         if frame.has_steps and np.isfinite(scores.frame_time) and not self.lopsided:
-            hist.add_to_baseline(scores.frame_time)
+            hist.add_to_baseline(scores.frame_time, follow=not cond.job_slowdown_open())
         return findings
 
     def check_hang(self, snap: HangSnapshot, slot_of_rank: dict[int, int]) -> list[Finding]:

@@ -123,7 +123,11 @@ class Reporter:
             evidence.update(
                 {
                     "detector": "job_slowdown",
-                    "method": "BOCPD + ruptures change point on job step time",
+                    "method": "step time vs the job's normal, beyond its step noise, held over "
+                    "the evidence frames; dated by BOCPD + ruptures change points",
+                    "job_normal_step_time_s": rounded(hist.job_normal(), 6),
+                    "step_noise": rounded(hist.step_noise()),
+                    "evidence_frames": hist.evidence_frames(),
                 }
             )
         if status is FindingStatus.OPENED and info.kind in (

@@ -29,12 +29,13 @@ class World:
     window: int = 5
     open_after: int = 4
     resolve_after: int = 3
+    block: int = 5
     frames: int = 0
     events: list[tuple[int, FindingStatus, IncidentKind, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.hist = FrameHistory(history=64, window=self.window, baseline_frames=100,
-                                 baseline_block=5)  # fmt: skip
+                                 baseline_block=self.block)  # fmt: skip
         self.cond = Conditions(
             history=self.hist,
             links=LinkDetector(),
@@ -111,7 +112,7 @@ class World:
         out += self.cond.nodes_step(fr, nodes)
         out += self.cond.links_step(fr, link_scores, scores)
         out += self.cond.job_step(fr, scores, nodes, link_scores)
-        self.hist.add_to_baseline(step_s)
+        self.hist.add_to_baseline(step_s, follow=not self.cond.job_slowdown_open())
         self.events += [(i, f.status, f.kind, str(f.subject)) for f in out]
         return out
 
@@ -240,3 +241,50 @@ def test_a_job_slowdown_only_without_a_culprit(culprit: bool) -> None:
         assert IncidentKind.JOB_SLOWDOWN not in kinds and IncidentKind.SLOW_GPU in kinds
     else:
         assert kinds == [IncidentKind.JOB_SLOWDOWN]
+
+
+def noisy_steps(rng: np.random.Generator, frames: int, noise: float = 0.08) -> np.ndarray:
+    return STEP_S * np.exp(rng.normal(0.0, noise, frames))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_noisy_job_wandering_for_tens_of_steps_is_no_job_slowdown(seed: int) -> None:
+    """Issue 16: a small job on shared CPUs (steps vary by ~8%) runs 20-50 steps at +20-40%
+    with nothing wrong (the lab's healthy pipeline runs); the old rule (three slow frames in
+    four of five, beyond 3 spreads of the last 64) opened job_slowdown on that."""
+    rng = np.random.default_rng(seed)
+    w = World(block=10)
+    for excursion, lift in ((30, 1.35), (45, 1.25), (25, 1.4), (40, 1.3)):
+        for t in noisy_steps(rng, 60):
+            w.frame(step_s=float(t))
+        for t in noisy_steps(rng, excursion):
+            w.frame(step_s=float(t) * lift)
+    assert w.kinds(OPENED) == []
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_noisy_job_that_stays_slower_is_a_job_slowdown(seed: int) -> None:
+    """... while the same job slowed 1.5x for good is found, after more evidence than a steady
+    job needs (3 frames), and resolves when it recovers."""
+    rng = np.random.default_rng(seed)
+    w = World(block=10)
+    for t in noisy_steps(rng, 120):
+        w.frame(step_s=float(t))
+    for t in noisy_steps(rng, 150):
+        w.frame(step_s=float(t) * 1.5)
+    opened = w.kinds(OPENED)
+    assert [(k, s) for _, k, s in opened] == [(IncidentKind.JOB_SLOWDOWN, "job")], opened
+    assert 120 + 10 <= opened[0][0] <= 120 + 80, opened
+    for t in noisy_steps(rng, 40):
+        w.frame(step_s=float(t))
+    assert [k for _, k, _ in w.kinds(RESOLVED)] == [IncidentKind.JOB_SLOWDOWN]
+
+
+def test_a_steady_job_slowdown_still_opens_in_a_few_frames() -> None:
+    rng = np.random.default_rng(0)
+    w = World(block=10)
+    for t in noisy_steps(rng, 60, noise=0.01):
+        w.frame(step_s=float(t))
+    for t in noisy_steps(rng, 10, noise=0.01):
+        w.frame(step_s=float(t) * 1.3)
+    assert [(i - 60, k) for i, k, _ in w.kinds(OPENED)] == [(4, IncidentKind.JOB_SLOWDOWN)]
