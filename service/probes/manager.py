@@ -1,9 +1,13 @@
 """Probe campaigns: scheduled by the service, run by the node agents, fed back into incidents.
 
-A campaign starts for an open ``slow_link`` incident that passive data could not pin to one NIC
-or one host pair (``evidence.ambiguous``, or more than two hosts), once agents of at least two
-of its hosts have announced a probe endpoint, at most once per ``min_interval_s`` per job, and
-not while the job says it is in a critical phase (unless ``during_critical``). Its rounds come
+A campaign starts for an open ``slow_link`` incident that has not been probed: among its hosts
+when passive data could not pin it to one NIC or one host pair (``evidence.ambiguous``, or more
+than two hosts); with up to ``partners`` other hosts of the job when it names one cable or one NIC
+(passive data may not tell a cable from either end's NIC: in a pipeline, a host's other
+traffic can be eager sends whose timing says nothing of its NIC). It starts once the agents of
+its hosts have announced a probe endpoint (or some of them, after ``endpoint_wait_s``), at most
+once per ``min_interval_s`` per job, and not while the job says it is in a critical phase
+(unless ``during_critical``). Its rounds come
 from :func:`failslow.service.probes.schedule.plan_rounds`; the agents poll for their tasks (the
 lower host of each pair sends, the other echoes), a round starts when the previous one has finished
 (every task reported, failed, or timed out). The conclusion is written into the incident: its
@@ -191,7 +195,6 @@ class ProbeManager:
                 (r.job_id, r.id, list(r.hosts), (r.evidence or {}).get("candidate_edges") or [])
                 for r in rows
                 if "probes" not in (r.evidence or {})
-                and ((r.evidence or {}).get("ambiguous") or len(r.hosts) > 2)
             ]
         with self._lock:
             self.hangs = hangs
@@ -211,11 +214,17 @@ class ProbeManager:
             if now - self._last_start.get(job, -(1 << 62)) < self.settings.min_interval_s * 1e9:
                 return
             fresh = now - int(self.settings.endpoint_ttl_s * 1e9)
-            ready = [h for h in hosts if self.endpoints.get(job, {}).get(h, ("", 0))[1] >= fresh]
+            known = self.endpoints.get(job, {})
+            ready = [h for h in hosts if known.get(h, ("", 0))[1] >= fresh]
             first = self._first_seen.setdefault(incident, now)
             waited = now - first >= self.settings.endpoint_wait_s * 1e9
-            if len(ready) < 2 or (len(ready) < len(hosts) and not waited):
+            if not ready or (len(ready) < len(hosts) and not waited):
                 return  # wait a while for every host's agent; then test the ones that answer
+            if len(hosts) <= 2:  # one cable or one NIC: each end is also tested with others
+                others = sorted(h for h, (_, t) in known.items() if t >= fresh and h not in hosts)
+                ready += others[: self.settings.partners]
+            if len(ready) < 2:
+                return
             pairs = [(str(a), str(b)) for a, b, *_ in edges if a in ready and b in ready]
             rounds = plan_rounds(ready, pairs)
             c = Campaign(new_id("prb"), job, incident, sorted(ready), rounds, now)

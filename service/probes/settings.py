@@ -33,6 +33,13 @@ class ProbeSettings(BaseModel):
     endpoint_wait_s: float = Field(
         default=10.0, ge=0, description="How long a campaign waits for every host's endpoint."
     )
+    partners: int = Field(
+        default=6,
+        ge=0,
+        le=64,
+        description="Other hosts of the job tested with the ends of a single slow cable or NIC "
+        "(to tell the cable from either end's NIC).",
+    )
     keep_campaigns: int = Field(default=20, ge=1, description="Campaigns kept per job.")
     own_address_only: bool = Field(
         default=True,

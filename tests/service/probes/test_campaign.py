@@ -117,6 +117,41 @@ def test_probes_name_the_slow_nic_inside_an_ambiguous_ring(service: str, db_url:
     assert sum(w.ran for w in workers) == 6 and sum(w.errors for w in workers) == 0
 
 
+def test_a_single_slow_cable_is_told_from_a_slow_nic_at_one_end(service: str, db_url: str) -> None:
+    """Issue 16: in a pipeline, passive data blames the cable h1-h2 (the other traffic of each
+    end is eager sends, which time nothing); the campaign tests each end with the job's other
+    hosts too, and names h2's NIC."""
+    with session_scope(make_sessionmaker(make_engine(db_url))) as s:
+        inc, _ = open_incident(
+            s,
+            draft=IncidentDraft(
+                job=JOB, kind="slow_link", subject="link:h1|h2", ranks=[], hosts=["h1", "h2"],
+                slowdown=1.5, subject_slowdown=3.0, confidence=0.9, onset_ns=T0, detected_ns=T0,
+                onset_step=None, detected_step=None, summary="The link between h1 and h2.",
+                evidence={"ambiguous": False, "candidate_edges": [["h1", "h2"]]},
+            ),
+            now_ns=T0,
+        )  # fmt: skip
+        incident = inc.id
+    workers = _workers(service, slow="h2")
+    try:
+        assert wait_for(
+            lambda: "probes" in httpx.get(f"{service}/v1/incidents/{incident}").json()["evidence"],
+            timeout=60,
+        )
+    finally:
+        for w in workers:
+            w.stop()
+    inc = httpx.get(f"{service}/v1/incidents/{incident}").json()
+    probes = inc["evidence"]["probes"]
+    pairs = {(p["a"], p["b"]) for p in probes["pairs"]}
+    assert ("h1", "h2") in pairs, pairs
+    for end in ("h1", "h2"):  # each end also met another host of the job
+        assert sum(end in p for p in pairs) >= 2, pairs
+    assert probes["component"] == "host:h2", probes["pairs"]
+    assert inc["hosts"] == ["h2"] and "Active probes: the NIC of h2" in inc["summary"]
+
+
 def test_no_probes_during_a_critical_phase(service: str, db_url: str) -> None:
     r = httpx.put(f"{service}/v1/jobs/{JOB}/phase", json={"critical": True})
     assert r.status_code == 200
