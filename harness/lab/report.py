@@ -47,6 +47,7 @@ class FaultResult:
     delay_steps: float | None = None
     delay_s: float | None = None
     summary: str | None = None
+    probes: str | None = None  # a link fault: what the active probes concluded (component)
     recovered_step: int | None = None
     resolved: bool = False
     resolve_s: float | None = None

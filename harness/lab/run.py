@@ -242,6 +242,19 @@ class Lab:
         elif fault == LabFault.HANG:
             os.kill(self.trainer_pid(i), signal.SIGCONT)
 
+    def await_probes(self, incident: str, timeout_s: float = 60.0) -> dict[str, Any]:
+        """A slow link's incident once the service's probe campaign has written its conclusion
+        (the fault stays on meanwhile), or as it is after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            inc: dict[str, Any] = self.http.get(f"{self.url}/v1/incidents/{incident}").json()
+            probes = (inc.get("evidence") or {}).get("probes")
+            if probes or time.monotonic() > deadline or inc.get("state") != "open":
+                self.say(f"  probes: {probes.get('reason') if probes else 'no conclusion'}")
+                return inc
+            self.check_alive()
+            time.sleep(0.5)
+
     def run_fault(self, fault: str) -> FaultResult:
         i = self.args.target
         other = (i + 1) % self.n  # a healthy rank's progress counts the steps
@@ -282,8 +295,12 @@ class Lab:
         if found is not None and fault != LabFault.HANG and self.args.hold_steps:
             # keep the fault a while: the incident must stay put (one incident, one subject)
             self.wait_steps(self.args.hold_steps, 120.0)
+            if fault == LabFault.LINK and self.agents_in_ns:
+                found = self.await_probes(found["id"])
             found = self.http.get(f"{self.url}/v1/incidents/{found['id']}").json()
-            res.summary = found["summary"]
+            res.summary, res.hosts = found["summary"], list(found["hosts"])
+            probes = (found.get("evidence") or {}).get("probes") or {}
+            res.probes = probes.get("component") or probes.get("reason")
         self.recover(fault, i)
         recovered_ns = time.time_ns()
         res.recovered_step = self.step()
