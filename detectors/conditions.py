@@ -18,9 +18,9 @@ from failslow.detectors.changepoint import OnlineChangeDetector
 from failslow.detectors.defaults import DEFAULTS
 from failslow.detectors.findings import Finding, date_onset
 from failslow.detectors.hang import HangDetector, HangSnapshot
-from failslow.detectors.history import JOB_NOISE_BAR, FrameHistory
+from failslow.detectors.history import FrameHistory
 from failslow.detectors.lifecycle import ConditionTracker, KeyedTracker, run_start
-from failslow.detectors.link import LinkDetector, LinkScores
+from failslow.detectors.link import LinkDetector, LinkScores, explained
 from failslow.detectors.report import OpenCondition, Reporter
 from failslow.detectors.robust import quiet_nan
 from failslow.detectors.straggler import FrameScores, NodeScores
@@ -36,15 +36,6 @@ from failslow.detectors.vocab import (
 REDATE_AFTER = 6  # frames after opening: the change then has enough samples on both sides
 OPENED, UPDATED, RESOLVED = FindingStatus.OPENED, FindingStatus.UPDATED, FindingStatus.RESOLVED
 Key = tuple[IncidentKind, Subject]
-
-
-def explained(busy: set[str], hosts: tuple[str, ...], edges: tuple[tuple[str, str], ...]) -> bool:
-    """Can compute-slow hosts explain a link suspect? A NIC: when its host is one of them. Host
-    pairs: when every candidate pair has an end on one (a slow rank slows the rings through it,
-    not a ring elsewhere)."""
-    if edges:
-        return all(a in busy or b in busy for a, b in edges)
-    return bool(busy.intersection(hosts))
 
 
 class Conditions:
@@ -190,7 +181,11 @@ class Conditions:
                       beyond_noise=s.beyond_noise if noisy else None,
                       standout=s.standout if noisy else None)  # fmt: skip
         suspect = v.suspect & ~on_slow_host  # the node explains its ranks
-        trans = self.gpus.update(suspect, v.elevated, np.isfinite(s.late), v.strong)
+        # a small job on shared CPUs needs more evidence (DEFAULTS.noisy_small_evidence)
+        shaky = s.small_noise >= DEFAULTS.noisy_small_spread
+        evidence = DEFAULTS.noisy_small_evidence if shaky else None
+        trans = self.gpus.update(suspect, v.elevated, np.isfinite(s.late), v.strong,
+                                 evidence=evidence)  # fmt: skip
         hist.learn_own_ratio(s.compute_ratio, v.learn)
         out = []
         kind = IncidentKind.SLOW_GPU
@@ -350,14 +345,8 @@ class Conditions:
         if not frame.has_steps:
             return []
         hist = self.history
-        base = hist.job_normal()
-        jr = max(self.job_slowdown_ratio, 1.0 + JOB_NOISE_BAR * hist.step_noise())
-        level = hist.job_level()
-        ratio = level / base if np.isfinite(base) and base > 0 else float("nan")
-        # ... and, to open, beyond the spread of the step times kept (3 robust spreads): while a
-        # change is younger than the history, both levels are in it (a noisy job's first level
-        # shift in the lab's warm-up: +50% for 30 steps, healthy); an open one stays elevated
-        beyond = level - base >= 3.0 * hist.step_spread()
+        ev = hist.job_evidence(self.job_slowdown_ratio)
+        jr, ratio, beyond = ev.bar, ev.ratio, ev.beyond
         # A culprit is an open incident or one suspected in both of the last two frames: when a
         # job-wide slowdown starts, ranks enter the slow step at slightly different times and
         # look uneven for a frame.
@@ -375,7 +364,7 @@ class Conditions:
             pos = hist.positions(0)
             first = hist.count - len(pos)
             cps = self.job_cpd.points
-            flags = hist.f_time[pos] >= base * (1 + (jr - 1) / 2)
+            flags = hist.f_time[pos] >= hist.job_normal() * (1 + (jr - 1) / 2)
             start = run_start(flags)
             if cps and cps[-1].after >= jr * cps[-1].before and cps[-1].index >= first + start - 3:
                 start = cps[-1].index - first  # sample index of the job detector = frame counter

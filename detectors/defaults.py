@@ -26,6 +26,11 @@ class Defaults:
     # boundary). Even far past the thresholds ("strong") a condition needs this many in a row.
     min_evidence: int = 4
     window: int = 5  # frames in the sliding decision window
+    # A small job (< 8 ranks) whose ranks' compute ratios spread by this much (pooled robust
+    # spread; shared CPUs) has ranks 2-3x slow for a few frames with nothing wrong (4-5 suspect
+    # frames of 10 in the lab's healthy pipelines): there a slow GPU needs 7 of 10
+    noisy_small_spread: float = 0.1
+    noisy_small_evidence: tuple[int, int] = (10, 7)
     open_after: int = 4  # suspect frames within the window before a condition opens
     resolve_after: int = 8  # consecutive clean frames before a condition resolves
     warmup_frames: int = 5  # frames ignored at job start

@@ -8,6 +8,7 @@ number of frames recorded, and a frame's ring position is its counter modulo ``h
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -31,6 +32,18 @@ NOISE_BAND = 2.0  # ... or within this many times the job's step noise, where th
 NORMAL_PULL = 0.3  # ... by this share of the difference (about 3 blocks to follow a drift)
 NOISE_BLOCKS = 20  # blocks over which the job's step noise is the median
 JOB_NOISE_BAR = 2.0  # a job slowdown is at least this many times the job's step noise
+
+
+@dataclass(frozen=True, slots=True)
+class JobEvidence:
+    """How the job's step time stands against its normal, for a job slowdown."""
+
+    ratio: float  # the step time now (``job_level``) / the job's normal (NaN: unknown)
+    bar: float  # what a slowdown must reach: the configured ratio, or 1 + 2 x the step noise
+    # beyond 3 robust spreads of the step times kept (needed to open): while a change is younger
+    # than the history, both levels are in it (a noisy job's first level shift in the lab's
+    # warm-up: +50% for 30 steps, healthy)
+    beyond: bool
 
 
 class FrameHistory:
@@ -202,6 +215,13 @@ class FrameHistory:
         if past.size < 20:
             return 0.0
         return 1.4826 * float(np.median(np.abs(past - np.median(past))))
+
+    def job_evidence(self, min_ratio: float) -> JobEvidence:
+        base = self.job_normal()
+        level = self.job_level()
+        ratio = level / base if np.isfinite(base) and base > 0 else float("nan")
+        bar = max(min_ratio, 1.0 + JOB_NOISE_BAR * self.step_noise())
+        return JobEvidence(ratio, bar, bool(level - base >= 3.0 * self.step_spread()))
 
     def job_normal(self) -> float:
         """What a job slowdown is judged against: the healthy baseline, or the job's own normal

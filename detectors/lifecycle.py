@@ -19,6 +19,8 @@ import numpy as np
 from failslow.detectors.defaults import DEFAULTS
 
 K = TypeVar("K", bound=Hashable)
+KEEP_FRAMES = 32  # frames of suspicion remembered per subject (evidence windows up to this)
+KEEP = np.uint64((1 << KEEP_FRAMES) - 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +79,10 @@ class ConditionTracker:
         self.open[index] = True
         self.clean[index] = 0
 
-    def suspect_count(self) -> np.ndarray:
-        return np.bitwise_count(self.bits & self.mask).astype(np.int64)
+    def suspect_count(self, window: int | None = None) -> np.ndarray:
+        """Suspect frames per subject among its last ``window`` (default: the tracker's)."""
+        mask = self.mask if window is None else np.uint64((1 << window) - 1)
+        return np.bitwise_count(self.bits & mask).astype(np.int64)
 
     def update(
         self,
@@ -86,21 +90,25 @@ class ConditionTracker:
         elevated: np.ndarray,
         present: np.ndarray,
         strong: np.ndarray | None = None,
+        *,
+        evidence: tuple[int, int] | None = None,
     ) -> Transitions:
         """Advance one frame. Absent subjects (no data) neither count as suspect nor as clean.
 
         ``strong`` marks suspects whose evidence is far past the thresholds: ``fast_after``
         consecutive strong frames open a subject without waiting for ``open_after`` of
         ``window``. By default that is ``min_evidence`` (4) frames: however strong, a deviation
-        of 3 steps or fewer opens nothing (a hiccup is not an incident).
+        of 3 steps or fewer opens nothing (a hiccup is not an incident). ``evidence``: ``(window,
+        open_after)`` for this frame instead of the tracker's (up to ``KEEP`` frames).
         """
         n = suspect.size
         self.ensure(n)
         self.frame += 1
         bits = self.bits[:n]
-        shifted = ((bits << np.uint64(1)) | suspect.astype(np.uint64)) & self.mask
+        shifted = ((bits << np.uint64(1)) | suspect.astype(np.uint64)) & KEEP
         self.bits[:n] = np.where(present, shifted, bits)
-        count = self.suspect_count()[:n]
+        window, need = evidence or (self.window, self.open_after)
+        count = self.suspect_count(min(window, KEEP_FRAMES))[:n]
         was_open = self.open[:n].copy()
         if strong is None:
             strong = np.zeros(n, dtype=bool)
@@ -111,7 +119,7 @@ class ConditionTracker:
         )
         self.strong_run[:n] = run
         fast = run >= self.fast_after
-        opening = ~was_open & present & suspect & ((count >= self.open_after) | fast)
+        opening = ~was_open & present & suspect & ((count >= need) | fast)
         flapping = opening & (self.frame - self.resolved_at[:n] <= self.flap_window)
         self.flaps[:n] = np.where(
             opening, np.where(flapping, self.flaps[:n] + 1, 0), self.flaps[:n]

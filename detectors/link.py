@@ -30,7 +30,7 @@ import numpy as np
 from failslow.detectors.busbw import bus_bandwidth
 from failslow.detectors.defaults import DEFAULTS
 from failslow.detectors.robust import nanmedian_rows
-from failslow.detectors.types import Frame, JobShape
+from failslow.detectors.types import P2P, Frame, JobShape
 from failslow.detectors.vocab import Subject
 
 # (hosts, transfer slowdown, candidate edges) of a suspect NIC or set of host pairs
@@ -181,15 +181,25 @@ class LinkDetector:
             self._baseline = None
 
     def score(
-        self, frame: Frame, shape: JobShape, busy_hosts: set[int] | None = None
+        self,
+        frame: Frame,
+        shape: JobShape,
+        busy_hosts: set[int] | None = None,
+        *,
+        timed_p2p: bool = True,
     ) -> LinkScores:
         """``busy_hosts``: host indices with a rank that computes slowly now; the communicators
         through them are left out of this frame (a starved rank slows the collectives it
-        drives: gloo reduces on the CPU, NCCL kernels share the SMs) and not learnt from."""
+        drives: gloo reduces on the CPU, NCCL kernels share the SMs) and not learnt from.
+        ``timed_p2p`` False: p2p communicators are left out too (a small job on shared CPUs,
+        whose eager sends block while an unscheduled receiver drains nothing: 10x slower for
+        40 steps in a healthy lab pipeline)."""
         n_comms = min(frame.comm_bytes.size, shape.comm_kind.size)
         keep = shape.ch_comm < n_comms
         ch_comm, ch_host = shape.ch_comm[keep], shape.ch_host[keep]
         cross = np.bincount(ch_comm, minlength=n_comms) >= 2  # distinct hosts per comm
+        if not timed_p2p:
+            cross &= shape.comm_kind[:n_comms] != P2P
         if busy_hosts:
             through = ch_comm[np.isin(ch_host, np.fromiter(busy_hosts, np.int64))]
             cross[through] = False
@@ -325,3 +335,12 @@ class LinkDetector:
             if matters(bad & crossing):
                 suspects[Subject.link(names)] = (hosts, slowdown(bad & crossing), names)
         return host_frac, suspects
+
+
+def explained(busy: set[str], hosts: tuple[str, ...], edges: tuple[tuple[str, str], ...]) -> bool:
+    """Can compute-slow hosts explain a link suspect? A NIC: when its host is one of them. Host
+    pairs: when every candidate pair has an end on one (a slow rank slows the rings through it,
+    not a ring elsewhere)."""
+    if edges:
+        return all(a in busy or b in busy for a, b in edges)
+    return bool(busy.intersection(hosts))

@@ -64,6 +64,9 @@ class FrameScores:
     beyond_noise: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     # bool: the compute ratio is past ``compute_ratio`` and far out of the noise (z >= 3)
     standout: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    # a small job's noise: the robust spread of its ranks' compute ratios pooled over its recent
+    # frames (NaN for jobs of 8+ ranks, or while too few frames are pooled)
+    small_noise: float = float("nan")
 
 
 def min_rule_lateness(late: np.ndarray, calls: np.ndarray) -> np.ndarray:
@@ -168,12 +171,13 @@ class PeerLatenessDetector:
         pool.append(values[keep])
         return med, spread
 
-    def _z_small(self, pool: deque[np.ndarray], values: np.ndarray) -> np.ndarray:
+    def _z_small(self, pool: deque[np.ndarray], values: np.ndarray) -> tuple[np.ndarray, float]:
+        """(z per rank, the pooled spread)."""
         med, spread = self._pooled_spread(pool, values)
         if not np.isfinite(spread):
-            return np.zeros(values.shape)  # noise unknown yet: nothing stands out
+            return np.zeros(values.shape), spread  # noise unknown yet: nothing stands out
         with np.errstate(invalid="ignore"):
-            return np.where(np.isfinite(values), (values - med) / spread, np.inf)
+            return np.where(np.isfinite(values), (values - med) / spread, np.inf), spread
 
     def _z(self, ratio: np.ndarray) -> np.ndarray:
         """(ratio - median) / robust spread across ranks; +inf (no noise gate) below 8 ranks."""
@@ -232,9 +236,10 @@ class PeerLatenessDetector:
         # Noise-relative: how far above typical is the rank, in robust spreads of this frame's
         # ratios? Jobs whose per-step work varies (random sequence lengths) need more to convince.
         small = int(present.sum()) < self.small
+        small_noise = float("nan")
         if small:
-            z = self._z_small(self._ratio_pool, ratio)
-            z_late = self._z_small(self._late_pool, own_late - typical)
+            z, small_noise = self._z_small(self._ratio_pool, ratio)
+            z_late, _ = self._z_small(self._late_pool, own_late - typical)
         else:
             z = self._z(ratio)
             z_late = np.full(ratio.shape, np.inf)
@@ -284,6 +289,7 @@ class PeerLatenessDetector:
             standout=np.nan_to_num(
                 (ratio >= self.compute_ratio) & (z >= self.z_suspect) & (not small), nan=0
             ).astype(bool),
+            small_noise=small_noise,
         )
 
 
