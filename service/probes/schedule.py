@@ -88,7 +88,15 @@ def analyse(results: list[PairResult], *, slow_below: float = 0.5) -> dict[str, 
         return out
     speeds = sorted(r.bps for r in ok if r.bps is not None)
     ref = speeds[min(len(speeds) - 1, math.ceil(0.75 * (len(speeds) - 1)))]
-    slow = {(r.a, r.b) for r in ok if r.bps is not None and r.bps < slow_below * ref}
+    # ... and below the widest ratio between neighbouring speeds: with few pairs the reference
+    # is the fastest, and probes on busy hosts vary 2-4x (a lab's healthy pairs: 0.5 and 2.2
+    # GB/s), while a slow NIC is 100x slower
+    cut = speeds[max(range(len(speeds) - 1), key=lambda i: speeds[i + 1] / speeds[i])]
+    slow = {
+        (r.a, r.b)
+        for r in ok
+        if r.bps is not None and r.bps < slow_below * ref and r.bps <= cut
+    }
     out["reference_bps"] = round(ref)
     for p in out["pairs"]:  # type: ignore[attr-defined]
         p["slow"] = (p["a"], p["b"]) in slow

@@ -74,3 +74,17 @@ def test_nothing_slow_or_too_little_data_blames_nobody() -> None:
     out = analyse(failed)
     assert out["component"] is None and "too few" in str(out["reason"])
     assert out["pairs"][0]["error"] == "refused"  # type: ignore[index]
+
+
+def test_healthy_pairs_varying_on_busy_hosts_do_not_look_slow() -> None:
+    """Issue 16 (the pipeline lab): the two slow pairs through the throttled NIC at ~6 MB/s, the
+    two healthy ones at 0.5 and 2.2 GB/s (CPU-bound probes on busy cores). With four pairs the
+    reference is the fastest, so 0.5 GB/s was "slow" too and the verdict "NICs node-1, node-3"."""
+    pairs = [
+        PairResult("node-0", "node-1", 6.6e6),
+        PairResult("node-2", "node-3", 5.1e8),
+        PairResult("node-0", "node-2", 2.16e9),
+        PairResult("node-1", "node-3", 5.6e6),
+    ]
+    out = analyse(pairs)
+    assert out["component"] == "host:node-1", out["reason"]
