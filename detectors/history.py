@@ -217,6 +217,7 @@ class FrameHistory:
         return 1.4826 * float(np.median(np.abs(past - np.median(past))))
 
     def job_evidence(self, min_ratio: float) -> JobEvidence:
+        """The job's step time now against its normal; ``min_ratio``: the configured bar."""
         base = self.job_normal()
         level = self.job_level()
         ratio = level / base if np.isfinite(base) and base > 0 else float("nan")

@@ -19,7 +19,7 @@ import numpy as np
 from failslow.detectors.defaults import DEFAULTS
 
 K = TypeVar("K", bound=Hashable)
-KEEP_FRAMES = 32  # frames of suspicion remembered per subject (evidence windows up to this)
+KEEP_FRAMES = 63  # frames of suspicion remembered per subject (evidence windows up to this)
 KEEP = np.uint64((1 << KEEP_FRAMES) - 1)
 
 

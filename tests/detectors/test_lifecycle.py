@@ -65,3 +65,21 @@ def test_flapping_subject_needs_longer_to_resolve() -> None:
     events = feed(t, on + off + on + off + off)
     # first burst opens and resolves after 3 clean frames; the reopen within 20 frames needs 6
     assert events == [(1, "open"), (5, "resolve"), (9, "open"), (16, "resolve")]
+
+
+def test_a_longer_evidence_window_for_one_frame_at_a_time() -> None:
+    """``evidence=(10, 7)`` (a small job on shared CPUs): 4 of 5, or 6 of 10, open nothing; the
+    7th suspect frame of 10 does. Bits older than the tracker's own window are kept for it."""
+
+    def run(flags: list[bool]) -> list[int]:
+        t = ConditionTracker(window=5, open_after=4, resolve_after=3)
+        out = []
+        for i, f in enumerate(flags):
+            tr = t.update(np.array([f]), np.array([f]), np.array([True]), evidence=(10, 7))
+            out += [i for _ in tr.opened]
+        return out
+
+    x, o = False, True
+    assert run([o, o, o, x, o, x, x, o, x, x] * 3) == []  # 5 of 10 (4 of 5 at times)
+    assert run([o, x, o, o, x, o, o, o, x, x, x]) == []  # 6 of 10
+    assert run([o, x, o, o, x, o, o, o, o]) == [8]  # the 7th of the last 9
