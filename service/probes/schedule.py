@@ -66,6 +66,10 @@ class PairResult:
     error: str | None = None
 
 
+def _share(x: float) -> str:
+    return f"{x:.0%}" if x >= 0.01 else f"{x:.1%}" if x >= 0.001 else "<0.1%"
+
+
 def analyse(results: list[PairResult], *, slow_below: float = 0.5) -> dict[str, object]:
     """The slow component the probes point to.
 
@@ -114,14 +118,14 @@ def analyse(results: list[PairResult], *, slow_below: float = 0.5) -> dict[str, 
         h = nics[0]
         out.update(component=f"host:{h}", hosts=[h])
         out["reason"] = (
-            f"every pair through {h} is slow (down to {slowest / ref:.0%} of the fast pairs), "
+            f"every pair through {h} is slow (down to {_share(slowest / ref)} of the fast pairs), "
             "the others are fast: its NIC"
         )
     elif not nics and len(cables) == 1:
         a, b = cables[0]
         out.update(component=f"link:{a}|{b}", hosts=[a, b])
         out["reason"] = (
-            f"only {a}<->{b} is slow ({slowest / ref:.0%} of the fast pairs); both hosts are "
+            f"only {a}<->{b} is slow ({_share(slowest / ref)} of the fast pairs); both hosts are "
             "fast with other partners: the link between them"
         )
     else:
