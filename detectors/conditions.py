@@ -182,8 +182,7 @@ class Conditions:
                       standout=s.standout if noisy else None)  # fmt: skip
         suspect = v.suspect & ~on_slow_host  # the node explains its ranks
         # a small job on shared CPUs needs more evidence (DEFAULTS.noisy_small_evidence)
-        shaky = s.small_noise >= DEFAULTS.noisy_small_spread
-        evidence = DEFAULTS.noisy_small_evidence if shaky else None
+        evidence = DEFAULTS.noisy_small_evidence if s.shaky else None
         trans = self.gpus.update(suspect, v.elevated, np.isfinite(s.late), v.strong,
                                  evidence=evidence)  # fmt: skip
         hist.learn_own_ratio(s.compute_ratio, v.learn)

@@ -185,8 +185,7 @@ class JobPipeline:
             frame, scores, shape, late_fraction=self.late_fraction, compute_ratio=self.compute_ratio
         )
         busy = {shape.hosts.index(h) for h in cond.compute_hosts(scores) if h in shape.hosts}
-        shaky = scores.small_noise >= DEFAULTS.noisy_small_spread  # a small job, shared CPUs
-        links = self.links.score(frame, shape, busy, timed_p2p=not shaky)
+        links = self.links.score(frame, shape, busy, timed_p2p=not scores.shaky)
         self.last_scores, self.last_links = scores, links
         cond.reporter.observe(shape, scores, links)
         hist.record(frame, scores, nodes, links, n_comms)

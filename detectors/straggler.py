@@ -68,6 +68,12 @@ class FrameScores:
     # frames (NaN for jobs of 8+ ranks, or while too few frames are pooled)
     small_noise: float = float("nan")
 
+    @property
+    def shaky(self) -> bool:
+        """A small job on shared CPUs (``small_noise`` >= ``DEFAULTS.noisy_small_spread``): a slow
+        GPU needs more evidence there and p2p timings are no link evidence."""
+        return self.small_noise >= DEFAULTS.noisy_small_spread
+
 
 def min_rule_lateness(late: np.ndarray, calls: np.ndarray) -> np.ndarray:
     """Lateness per rank: the minimum over the modeled comm kinds it used; for a rank in none,
