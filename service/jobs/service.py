@@ -6,11 +6,12 @@ instead of overwriting each other. Callers own the transaction.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Table, bindparam, delete, insert, select, tuple_, update
+from sqlalchemy import Integer, String, Table, bindparam, delete, insert, select, tuple_, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
@@ -134,6 +135,27 @@ def restore(state: JobState, u: Uncommitted) -> None:
 _NATIVE_UPSERT = {"sqlite": sqlite_insert, "postgresql": pg_insert}
 
 
+@functools.cache
+def _plain(table: Table) -> bool:
+    """Whether every column is an integer or a string: values the driver takes as they are."""
+    return all(isinstance(col.type, Integer | String) for col in table.c)
+
+
+@functools.cache
+def _native_upsert_sql(
+    table: str, names: tuple[str, ...], key: tuple[str, ...], set_: tuple[str, ...],
+    add: tuple[str, ...], paramstyle: str,
+) -> str:  # fmt: skip
+    """``INSERT ... ON CONFLICT (key) DO UPDATE`` (SQLite and PostgreSQL) with positional
+    parameters in the driver's style; the names are our own columns, never input."""
+    mark = "?" if paramstyle == "qmark" else "%s"
+    sets = [f"{k} = excluded.{k}" for k in set_]
+    sets += [f"{k} = {table}.{k} + excluded.{k}" for k in add]
+    action = f"DO UPDATE SET {', '.join(sets)}" if sets else "DO NOTHING"
+    return (f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join([mark] * len(names))}) "
+            f"ON CONFLICT ({', '.join(key)}) {action}")  # fmt: skip
+
+
 def _bulk_upsert(
     session: Session,
     table: Table,
@@ -152,9 +174,19 @@ def _bulk_upsert(
     if not rows:
         return
     c = table.c
-    dialect = session.get_bind().dialect.name
-    if dialect in _NATIVE_UPSERT:
-        ins = _NATIVE_UPSERT[dialect](table)
+    dialect = session.get_bind().dialect
+    if dialect.name in _NATIVE_UPSERT and _plain(table):
+        # the counters of every host, every commit: one statement through the driver's own
+        # executemany (SQLAlchemy's per-row parameter processing cost ~20 us a row)
+        names = list(rows[0])
+        sql = _native_upsert_sql(table.name, tuple(names), key, set_, add, dialect.paramstyle)
+        values = [tuple(r[n] for n in names) for r in rows]
+        conn = session.connection()
+        for lo in range(0, len(values), 2000):
+            conn.exec_driver_sql(sql, values[lo : lo + 2000])
+        return
+    if dialect.name in _NATIVE_UPSERT:
+        ins = _NATIVE_UPSERT[dialect.name](table)
         updates = {k: ins.excluded[k] for k in set_} | {k: c[k] + ins.excluded[k] for k in add}
         stmt = (
             ins.on_conflict_do_update(index_elements=list(key), set_=updates)
