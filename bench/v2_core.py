@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from failslow.harness.load.job import HostTemplate, JobLayout, host_name  # noqa: E402
-from failslow.service.stream import columnar  # noqa: E402
+from failslow.service.stream import columnar, v2apply  # noqa: E402
 from failslow.service.stream.settings import StateSettings  # noqa: E402
 from failslow.service.stream.state import JobState  # noqa: E402
 from failslow.wire import topology, v2  # noqa: E402
@@ -34,6 +34,11 @@ def main() -> None:
         "--joins-per-step", type=int, default=1,
         help="join this many times per step, as a service does while a step's envelopes arrive "
         "(every detection pass: 4 a second)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--batch", type=int, default=1,
+        help="apply this many envelopes together, as the service does with those that arrive "
+        "before its next commit (v2apply.apply_v2_many)",
     )  # fmt: skip
     args = ap.parse_args()
     job = JobLayout(args.ranks, 1_000_000_000)
@@ -52,17 +57,20 @@ def main() -> None:
     for step in range(args.steps):
         if step == 1:
             cpu = dict.fromkeys(cpu, 0.0)
+        group: list[tuple[dict, bytes, v2.Layout]] = []
         for h, tmpl in enumerate(hosts):
             header = {"job": "j", "host": host_name(h), "sent_ns": T0 + (step + 1) * job.step_ns,
                       "agent": "a", "batch_seq": step, "topology": digests[h]}  # fmt: skip
             body = tmpl.body(step, T0, header)
             a = clock()
-            head, cols = v2.decode(body)
+            group.append((*v2.decode_header(body), body))
             b = clock()
-            with state.lock:
-                columnar.apply_v2(state, head, cols)
             cpu["decode"] += b - a
-            cpu["apply"] += clock() - b
+            if len(group) == args.batch or h + 1 == len(hosts):
+                with state.lock:
+                    v2apply.apply_v2_many(state, [(hd, bd, lay) for hd, lay, bd in group])
+                group = []
+                cpu["apply"] += clock() - b
             if (h + 1) % every == 0 and h + 1 < len(hosts):
                 c = clock()
                 state.drain_ready()
@@ -78,6 +86,7 @@ def main() -> None:
     print(json.dumps({
         "ranks": args.ranks,
         "joins_per_step": args.joins_per_step,
+        "batch": args.batch,
         "registration_ms_per_host": round(registration_ms, 2),
         "us_per_record": round(total / records * 1e6, 3),
         "us_per_envelope": {k: round(v / envelopes * 1e6, 1) for k, v in cpu.items()},

@@ -45,6 +45,7 @@ class Run:
     t0_ns: int = 0
     records: int = 0
     envelopes: int = 0
+    behind_s: float = 0.0  # the most an envelope went out after its time (the generator's lag)
     errors: list[str] = field(default_factory=list)
     polls: list[tuple[float, int | None]] = field(default_factory=list)  # (wall s, step)
     incidents: list[dict[str, Any]] = field(default_factory=list)
@@ -100,6 +101,8 @@ async def _send(run: Run, conns: list[Connection], digests: list[str]) -> None:
                 delay = due - time.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
+                else:
+                    run.behind_s = max(run.behind_s, -delay)
                 header = _header(run, h, step, digests[h], int(due * 1e9))
                 body = run.hosts[h].body(step, run.t0_ns, header)
                 headers = V2_HEADERS
@@ -193,6 +196,8 @@ async def _main(run: Run, fleet: Fleet | None) -> dict[str, Any]:
         "envelopes": run.envelopes,
         "seconds": round(sending_s, 2),
         "records_per_s": round(run.records / sending_s),
+        "records_per_s_needed": round(sum(h.records for h in run.hosts) / (run.job.step_ns / 1e9)),
+        "behind_s_max": round(run.behind_s, 2),
         "lag_steps_p50": round(statistics.median(lags), 2) if lags else None,
         "lag_steps_max": round(max(lags), 2) if lags else None,
         "frames_timed": len(lags),
