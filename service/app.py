@@ -24,7 +24,7 @@ from failslow.service.db import make_engine, make_sessionmaker, session_scope, u
 from failslow.service.detection.engine import DetectionEngine
 from failslow.service.errors import install_handlers
 from failslow.service.incidents.router import router as incidents_router
-from failslow.service.ingest.fastpath import V2FastPath
+from failslow.service.ingest.fastpath import FailslowApp
 from failslow.service.ingest.router import router as ingest_router
 from failslow.service.ingest.schemas import envelope_schema
 from failslow.service.ingest.service import Committer
@@ -189,7 +189,7 @@ def build_context(settings: Settings) -> AppContext:
     jobs.on_evict = evicted
     committer = Committer(
         sessions, settings.ingest.commit_interval_s, lease, snapshots,
-        refused=metrics.refused_row,
+        refused=metrics.refused_row, busy_interval_s=settings.ingest.commit_interval_busy_s,
     )  # fmt: skip
     ctx = AppContext(
         settings, engine, sessions, metrics, jobs, detection, mitigation, probes, committer, lease
@@ -236,14 +236,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     await run_in_threadpool(ctx.lease.release)
             ctx.engine.dispose()
 
-    app = FastAPI(
+    app = FailslowApp(
         title="failslow",
         version=__version__,
         summary="Finds fail-slow GPUs, nodes, links and hangs in distributed training jobs.",
         lifespan=lifespan,
     )
     install_handlers(app)
-    app.add_middleware(V2FastPath)
     app.include_router(ingest_router)
     app.include_router(ingest_v2_router)
     app.include_router(jobs_router)

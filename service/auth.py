@@ -148,14 +148,13 @@ def roles_of(token: str, auth: AuthSettings) -> set[Role]:
     return roles
 
 
-def check(request: Request, auth: AuthSettings, role: Role) -> None:
-    """Raise 401/403 unless auth is off or the request carries a token with ``role``. A
-    scoped ingest token leaves its patterns in ``request.state.job_scope`` (see
-    :func:`allow_job`); a job in the path is checked here."""
+def authorize(header: str, auth: AuthSettings, role: Role) -> list[str] | None:
+    """Raise 401/403 unless auth is off or the ``Authorization`` header value carries a token
+    with ``role``; the job patterns of a scoped ingest token (None: any job, see
+    :func:`allow`)."""
     auth = auth.effective()
     if not auth.enabled:
-        return
-    header = request.headers.get("authorization", "")
+        return None
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthorized("a bearer token is required", headers={"WWW-Authenticate": "Bearer"})
@@ -165,18 +164,36 @@ def check(request: Request, auth: AuthSettings, role: Role) -> None:
     if role not in roles:
         raise Forbidden(f"this token lacks the {role.value!r} role")
     if role == Role.INGEST and Role.OPERATOR not in roles:
-        request.state.job_scope = auth.ingest_scopes.get(hash_token(token.strip()))
+        return auth.ingest_scopes.get(hash_token(token.strip()))
+    return None
+
+
+def check(request: Request, auth: AuthSettings, role: Role) -> None:
+    """:func:`authorize` for a request. A scoped ingest token leaves its patterns in
+    ``request.state.job_scope`` (see :func:`allow_job`); a job in the path is checked here."""
+    scope = authorize(request.headers.get("authorization", ""), auth, role)
+    if scope is not None:
+        request.state.job_scope = scope
         job = request.path_params.get("job")
         if job is not None:
-            allow_job(request, job)
+            allow(scope, job)
 
 
 class OutOfScope(Forbidden):
     """The token is scoped to other jobs."""
 
 
-def allow_job(request: Request, job: str) -> None:
-    """403 unless the request's token may act for ``job`` (tokens without a scope may)."""
-    scope: list[str] | None = getattr(request.state, "job_scope", None)
+def allow(scope: list[str] | None, job: str) -> None:
+    """403 unless a token with job patterns ``scope`` may act for ``job`` (None: any job)."""
     if scope is not None and not any(fnmatch.fnmatchcase(job, p) for p in scope):
         raise OutOfScope(f"this token may not act for job {job!r}")
+
+
+def job_scope(request: Request) -> list[str] | None:
+    """The job patterns :func:`check` left for the request's token (None: any job)."""
+    return request.scope.get("state", {}).get("job_scope")
+
+
+def allow_job(request: Request, job: str) -> None:
+    """403 unless the request's token may act for ``job`` (tokens without a scope may)."""
+    allow(job_scope(request), job)

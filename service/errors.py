@@ -150,15 +150,30 @@ def problem(
 
 def domain_problem(request: Request, exc: FailslowError) -> JSONResponse:
     """The problem+json answer to one of our own errors."""
+    return error_problem(request.url.path, exc)
+
+
+def unexpected_problem(method: str, path: str, exc: BaseException) -> JSONResponse:
+    """The answer to a bug, not a client error: it carries an id that the log line carries
+    too, so an operator can find the traceback from what a user reports."""
+    correlation = uuid.uuid4().hex[:16]
+    log.error("unhandled error on %s %s [correlation_id=%s]", method, path, correlation,
+              exc_info=exc)  # fmt: skip
     return problem(
-        exc.status,
-        exc.slug,
-        exc.title,
-        exc.detail,
-        instance=request.url.path,
-        errors=exc.errors,
-        headers=exc.headers,
+        500,
+        "internal",
+        "Internal error",
+        f"an unexpected error; the service log has it under correlation id {correlation}",
+        instance=path,
+        headers={"X-Correlation-Id": correlation},
+        extra={"correlation_id": correlation},
     )
+
+
+def error_problem(path: str, exc: FailslowError) -> JSONResponse:
+    """The problem+json answer to one of our own errors on ``path``."""
+    return problem(exc.status, exc.slug, exc.title, exc.detail, instance=path,
+                   errors=exc.errors, headers=exc.headers)  # fmt: skip
 
 
 _STATUS_SLUGS = {
@@ -211,22 +226,7 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        # A bug, not a client error: the answer carries an id that the log line carries too, so
-        # an operator can find the traceback from what a user reports.
-        correlation = uuid.uuid4().hex[:16]
-        log.error(
-            "unhandled error on %s %s [correlation_id=%s]",
-            request.method, request.url.path, correlation, exc_info=exc,
-        )  # fmt: skip
-        return problem(
-            500,
-            "internal",
-            "Internal error",
-            f"an unexpected error; the service log has it under correlation id {correlation}",
-            instance=request.url.path,
-            headers={"X-Correlation-Id": correlation},
-            extra={"correlation_id": correlation},
-        )
+        return unexpected_problem(request.method, request.url.path, exc)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -28,6 +29,9 @@ DELAY_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
+        self._request_codes: dict[int, Any] = {}
+        self._encodings: dict[str, Any] = {}
+        self._kinds: dict[str, Any] = {}
         self.records = Counter(
             "failslow_ingest_records_total", "Telemetry records accepted.", ["kind"], registry=r
         )
@@ -125,6 +129,29 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+
+    # ingest counts once per envelope: the labelled children are looked up once, not per call
+    def request_done(self, code: int, seconds: float) -> None:
+        """Count an ingest request by its status and time it."""
+        child = self._request_codes.get(code)
+        if child is None:
+            child = self._request_codes[code] = self.requests.labels(str(code))
+        child.inc()
+        self.request_seconds.observe(seconds)
+
+    def received(self, encoding: str, size: int) -> None:
+        """Count ingest body bytes as received (``identity`` or ``gzip``)."""
+        child = self._encodings.get(encoding)
+        if child is None:
+            child = self._encodings[encoding] = self.bytes.labels(encoding)
+        child.inc(size)
+
+    def record_count(self, kind: str, count: int) -> None:
+        """Count accepted records of one kind."""
+        child = self._kinds.get(kind)
+        if child is None:
+            child = self._kinds[kind] = self.records.labels(kind)
+        child.inc(count)
 
     def refused_row(self, row: str) -> None:
         """Count a row of ingest accounting the database refused for good (``salvage.Row``)."""

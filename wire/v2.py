@@ -68,6 +68,7 @@ STEP_WORK: tuple[str, str] = ("work", "<f8")  # optional: a step's work (tokens,
 
 _COLLECTIVE_DTYPES = tuple((name, np.dtype(t)) for name, t in COLLECTIVE_COLUMNS)
 _STEP_DTYPES = tuple((name, np.dtype(t)) for name, t in STEP_COLUMNS)
+_STEP_WORK_DTYPES = (*_STEP_DTYPES, (STEP_WORK[0], np.dtype(STEP_WORK[1])))
 
 
 class FormatError(ValueError):
@@ -123,8 +124,20 @@ def encode(header: dict[str, Any], collectives: dict[str, Any], steps: dict[str,
     return b"".join(parts)
 
 
-def decode(body: bytes) -> tuple[dict[str, Any], Columns]:
-    """``(header, columns)``; raises :class:`FormatError` for anything that is not a v2 body."""
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Where a decoded body's columns lie: ``(name, dtype, offset, count)`` per column, in
+    body order (collective columns, then step columns)."""
+
+    collectives: int
+    steps: int
+    work: bool
+    columns: tuple[tuple[str, np.dtype[Any], int, int], ...]
+
+
+def decode_header(body: bytes) -> tuple[dict[str, Any], Layout]:
+    """``(header, layout)``: the header and where each column lies, checked against the body's
+    size (nothing of the columns is read); raises :class:`FormatError`."""
     if len(body) < 8 or body[:4] != MAGIC:
         raise FormatError("not a v2 body (magic FSL2 missing)")
     (h,) = struct.unpack_from("<I", body, 4)
@@ -139,26 +152,55 @@ def decode(body: bytes) -> tuple[dict[str, Any], Columns]:
     k, s = header.get("collectives"), header.get("steps")
     if type(k) is not int or type(s) is not int or k < 0 or s < 0:
         raise FormatError("header.collectives and header.steps must be counts")
-    offset = 8 + h + _pad(8 + h)
-    view = memoryview(body)
-    tables: list[dict[str, np.ndarray]] = []
-    n = len(body)
     work = header.get("step_work", False)
     if work not in (True, False):
         raise FormatError("header.step_work must be true or false")
-    step_dtypes = _STEP_DTYPES + ((STEP_WORK[0], np.dtype(STEP_WORK[1])),) if work else _STEP_DTYPES
-    for names, count in ((_COLLECTIVE_DTYPES, k), (step_dtypes, s)):
-        table: dict[str, np.ndarray] = {}
+    offset = 8 + h + _pad(8 + h)
+    n = len(body)
+    columns = []
+    for names, count in ((_COLLECTIVE_DTYPES, k), (_STEP_WORK_DTYPES if work else _STEP_DTYPES, s)):
         for name, dtype in names:
             size = dtype.itemsize * count
             if offset + size > n:
                 raise FormatError(f"the body ends inside column {name}")
-            table[name] = np.frombuffer(view, dtype, count, offset)
+            columns.append((name, dtype, offset, count))
             offset += size + (-size) % 8
-        tables.append(table)
-    if offset != len(body):
-        raise FormatError(f"{len(body) - offset} bytes after the last column")
-    return header, Columns(tables[0], tables[1])
+    if offset != n:
+        raise FormatError(f"{n - offset} bytes after the last column")
+    return header, Layout(k, s, work, tuple(columns))
+
+
+def columns(body: bytes, layout: Layout) -> Columns:
+    """The columns of a body whose layout :func:`decode_header` gave (views into the body)."""
+    tables: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] = ({}, {})
+    for i, (name, dtype, offset, count) in enumerate(layout.columns):
+        table = tables[0] if i < len(_COLLECTIVE_DTYPES) else tables[1]
+        table[name] = np.frombuffer(body, dtype, count, offset)
+    return Columns(*tables)
+
+
+def concat(bodies: list[bytes], layouts: list[Layout]) -> Columns:
+    """The columns of many bodies end to end (one copy of each column's bytes, no array per
+    body); every layout must have the same columns (all with ``work`` or none)."""
+    if len(bodies) == 1:
+        return columns(bodies[0], layouts[0])
+    tables: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] = ({}, {})
+    first = layouts[0].columns
+    for i, (name, dtype, _, _) in enumerate(first):
+        size = dtype.itemsize
+        raw = b"".join(
+            [b[lay.columns[i][2] : lay.columns[i][2] + lay.columns[i][3] * size]
+             for b, lay in zip(bodies, layouts, strict=True)]
+        )  # fmt: skip
+        table = tables[0] if i < len(_COLLECTIVE_DTYPES) else tables[1]
+        table[name] = np.frombuffer(raw, dtype)
+    return Columns(*tables)
+
+
+def decode(body: bytes) -> tuple[dict[str, Any], Columns]:
+    """``(header, columns)``; raises :class:`FormatError` for anything that is not a v2 body."""
+    header, layout = decode_header(body)
+    return header, columns(body, layout)
 
 
 def encode_records(

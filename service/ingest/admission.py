@@ -1,24 +1,28 @@
-"""What every ingest request goes through, v1 and v2 alike: the bound on requests in progress
-(429 with Retry-After), the request count and latency, the wait for the commit (which holds no
-request slot) and the record metrics."""
+"""What every ingest request goes through, v1 and v2 alike: the bound on requests being read and
+decoded (429 with Retry-After), the bound on v2 envelopes waiting to be applied, the request
+count and latency, the wait for the commit (which holds no request slot) and the record metrics."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from failslow.service.context import AppContext
 from failslow.service.errors import FailslowError, Overloaded
 from failslow.service.metrics import Metrics
-from failslow.service.stream.state import ApplyResult, JobState
+from failslow.service.stream.state import ApplyResult
+
+T = TypeVar("T")
 
 
 async def admit(
-    ctx: AppContext, accept: Callable[[], Awaitable[tuple[JobState | None, ApplyResult]]]
+    ctx: AppContext,
+    read: Callable[[], Awaitable[T]],
+    rest: Callable[[T], Awaitable[ApplyResult]],
 ) -> ApplyResult:
-    """Run ``accept`` (read, decode and apply one envelope) inside the in-flight bound, then
-    wait until what it applied is committed. ``accept`` gives no state when it published the
-    envelope to the bus instead (the stream holds it; its owner counts its records)."""
+    """``read`` (read and decode one envelope; for v1 also apply it) inside the in-flight
+    bound, then ``rest`` outside it (wait for the commit, or queue and wait)."""
     started = time.perf_counter()
     m = ctx.metrics
     code = 200
@@ -30,25 +34,34 @@ async def admit(
             )
         ctx.ingest_inflight += 1
         try:
-            state, result = await accept()
+            taken = await read()
         finally:
             ctx.ingest_inflight -= 1
-        if state is not None:
-            await ctx.committer.committed(state)  # waiting for the commit holds no request slot
+        result = await rest(taken)
     except FailslowError as exc:
         code = exc.status
         raise
     finally:
-        m.requests.labels(str(code)).inc()
-        m.request_seconds.observe(time.perf_counter() - started)
+        m.request_done(code, time.perf_counter() - started)
     record_metrics(m, result)
     return result
+
+
+def check_queue(ctx: AppContext, size: int) -> None:
+    """429 when a v2 envelope of ``size`` bytes would pass the bound on what waits to be
+    applied (``ingest.max_queued_bytes``)."""
+    queued = ctx.committer.queued_bytes
+    if queued and queued + size > ctx.settings.ingest.max_queued_bytes:
+        raise Overloaded(
+            "too many envelopes waiting to be applied",
+            headers={"Retry-After": str(ctx.settings.ingest.retry_after_s)},
+        )
 
 
 def record_metrics(m: Metrics, result: ApplyResult) -> None:
     """Count an applied envelope's records by kind, its rejections and its duplicates."""
     for kind, count in result.kinds.items():
-        m.records.labels(kind).inc(count)
+        m.record_count(kind, count)
     for reason in result.reasons:
         m.rejected.labels(reason).inc()
     if result.duplicates:

@@ -46,7 +46,7 @@ async def ingest(request: Request, ctx: CtxDep) -> IngestResult:
         body, raw, received, encoding = await read_json_bytes(
             request, max_bytes=ctx.settings.ingest.max_body_bytes
         )
-        ctx.metrics.bytes.labels(encoding).inc(received)
+        ctx.metrics.received(encoding, received)
         envelope = parse_envelope(body)
         allow_job(request, envelope.job)  # a token scoped to other jobs: 403
         if ctx.bus is not None:
@@ -58,7 +58,13 @@ async def ingest(request: Request, ctx: CtxDep) -> IngestResult:
         state = job_state(ctx.jobs, envelope.job)
         return state, await run_in_threadpool(apply, state, lambda s: s.apply(envelope))
 
-    result = await admit(ctx, accept)
+    async def committed(taken: tuple[JobState | None, ApplyResult]) -> ApplyResult:
+        state, result = taken
+        if state is not None:
+            await ctx.committer.committed(state)  # waiting for the commit holds no request slot
+        return result
+
+    result = await admit(ctx, accept, committed)
     return IngestResult(
         accepted=result.accepted,
         duplicates=result.duplicates,

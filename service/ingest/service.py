@@ -21,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -32,8 +33,11 @@ from failslow.service.errors import Overloaded, Unavailable
 from failslow.service.ingest.salvage import Row, store
 from failslow.service.jobs.service import Uncommitted, restore, take_uncommitted
 from failslow.service.lease import Lease
+from failslow.service.stream.columnar import UnknownTopology
 from failslow.service.stream.registry import JobRegistry, RegistryFull
-from failslow.service.stream.state import JobState
+from failslow.service.stream.state import ApplyResult, JobState
+from failslow.service.stream.v2apply import apply_v2_many
+from failslow.wire.v2 import Layout
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -50,6 +54,21 @@ def apply(state: JobState, fn: Callable[[JobState], T]) -> T:
     """Run ``fn`` on the job under its lock."""
     with state.lock:
         return fn(state)
+
+
+@dataclass(slots=True)
+class Queued:
+    """A v2 envelope waiting to be applied with the next commit."""
+
+    header: dict[str, Any]
+    body: bytes
+    layout: Layout
+    future: asyncio.Future[ApplyResult]
+
+
+def _fail(fut: asyncio.Future[Any], error: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(error)
 
 
 class Snapshots(Protocol):
@@ -76,25 +95,78 @@ class Committer:
         lease: Lease | None = None,
         snapshots: Snapshots | None = None,
         refused: Callable[[Row], None] = lambda row: None,
+        *,
+        busy_interval_s: float | None = None,
+        busy_envelopes: int = 8,
     ) -> None:
         self.sessions = sessions
         self.interval_s = interval_s  # least time between two transactions
+        # while a transaction carries at least busy_envelopes answers, the next waits longer:
+        # fewer, larger commits and groups when it is busy; light load keeps interval_s
+        self.busy_interval_s = interval_s if busy_interval_s is None else busy_interval_s
+        self.busy_envelopes = busy_envelopes
         self.lease = lease  # when it is lost, nothing more is written
         self.snapshots = snapshots
         self.refused = refused  # called for each row the database refused for good
-        self._waiting: list[tuple[JobState, asyncio.Future[None]]] = []
+        # (job, its future, what it gets once the commit is written)
+        self._waiting: list[tuple[JobState, asyncio.Future[Any], Any]] = []
+        self._queued: dict[int, tuple[JobState, list[Queued]]] = {}  # by id(state)
+        self.queued_bytes = 0  # of the v2 envelopes waiting to be applied
         self._wake: asyncio.Event | None = None
         self.commits = 0  # transactions written
 
     async def committed(self, state: JobState) -> None:
         """Return once everything ``state`` holds now is written (raises Unavailable)."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
-        self._waiting.append((state, fut))
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((state, fut, None))
+        self._kick()
+        await fut
+
+    async def apply_v2(
+        self, state: JobState, header: dict[str, Any], body: bytes, layout: Layout
+    ) -> ApplyResult:
+        """Apply a v2 envelope (header checked) together with every other of its job that
+        comes before the next commit (:func:`v2apply.apply_v2_many`), and return its result
+        once that commit is written. Raises what applying or writing raised (UnknownTopology,
+        Unavailable). The group costs a fraction per envelope of one applied alone; the answer
+        waits for the commit either way."""
+        fut: asyncio.Future[ApplyResult] = asyncio.get_running_loop().create_future()
+        entry = self._queued.get(id(state))  # the entry holds the state: its id stays its own
+        if entry is None:
+            entry = self._queued[id(state)] = (state, [])
+        entry[1].append(Queued(header, body, layout, fut))
+        self.queued_bytes += len(body)
+        self._kick()
+        return await fut
+
+    def _kick(self) -> None:
         if self._wake is None:
             self._wake = asyncio.Event()
         self._wake.set()
-        await fut
+
+    def _apply_queued(self, error: Exception | None) -> None:
+        """Apply the queued v2 envelopes, a group per job (in the event loop: no thread hop and
+        no GIL hand-over per group); their futures wait for this commit. With ``error`` (the
+        lease is lost), nothing is applied and they get the error."""
+        queued, self._queued, self.queued_bytes = self._queued, {}, 0
+        for state, items in queued.values():
+            if error is not None:
+                for q in items:
+                    _fail(q.future, error)
+                continue
+            try:
+                with state.lock:
+                    results = apply_v2_many(state, [(q.header, q.body, q.layout) for q in items])
+            except Exception as exc:  # noqa: BLE001 - a bug: never leave a request waiting
+                log.exception("job %s: applying %d v2 envelopes failed", state.job, len(items))
+                for q in items:
+                    _fail(q.future, exc)
+                continue
+            for q, result in zip(items, results, strict=True):
+                if isinstance(result, UnknownTopology):
+                    _fail(q.future, result)
+                else:
+                    self._waiting.append((state, q.future, result))
 
     async def run(self) -> None:
         """The commit loop (a task of the app's lifespan)."""
@@ -102,23 +174,27 @@ class Committer:
             self._wake = asyncio.Event()
         loop = asyncio.get_running_loop()
         last = -float("inf")
+        interval = self.interval_s
         while True:
             await self._wake.wait()
-            pause = last + self.interval_s - loop.time()
+            pause = last + interval - loop.time()
             if pause > 0:  # gather what arrives meanwhile into this transaction
                 await asyncio.sleep(pause)
             self._wake.clear()
             last = loop.time()
+            lost = self.lease.lost if self.lease is not None else None
+            lease_error = Unavailable(lost, headers={"Retry-After": "5"}) if lost else None
+            self._apply_queued(lease_error)
             batch, self._waiting = self._waiting, []
+            busy = len(batch) >= self.busy_envelopes
+            interval = self.busy_interval_s if busy else self.interval_s
             if not batch:
                 continue
-            states = list({id(s): s for s, _ in batch}.values())
-            if self.lease is not None and self.lease.lost:
-                error = Unavailable(self.lease.lost, headers={"Retry-After": "5"})
-                for _, fut in batch:
-                    if not fut.done():
-                        fut.set_exception(error)
+            if lease_error is not None:
+                for _, fut, _ in batch:
+                    _fail(fut, lease_error)
                 continue
+            states = list({id(s): s for s, _, _ in batch}.values())
             try:
                 await run_in_threadpool(self.write, states)
             except SQLAlchemyError as exc:
@@ -126,19 +202,17 @@ class Committer:
                     f"storage unavailable ({type(exc).__name__}); retry later",
                     headers={"Retry-After": "2"},
                 )
-                for _, fut in batch:
-                    if not fut.done():
-                        fut.set_exception(error)
+                for _, fut, _ in batch:
+                    _fail(fut, error)
                 continue
             except Exception as exc:  # noqa: BLE001 - never leave a request waiting
                 log.exception("ingest commit failed")
-                for _, fut in batch:
-                    if not fut.done():
-                        fut.set_exception(exc)
+                for _, fut, _ in batch:
+                    _fail(fut, exc)
                 continue
-            for _, fut in batch:
+            for _, fut, value in batch:
                 if not fut.done():
-                    fut.set_result(None)
+                    fut.set_result(value)
 
     def write(self, states: list[JobState]) -> None:
         """One transaction for everything the given jobs accumulated; a job's part that the

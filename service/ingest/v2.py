@@ -5,6 +5,7 @@ digest and position. Same partial acceptance and problem+json rules as v1."""
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 import orjson
@@ -12,7 +13,7 @@ from fastapi import APIRouter, Path, Request, Response
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
-from failslow.service.auth import allow_job
+from failslow.service.auth import allow, job_scope
 from failslow.service.context import AppContext, CtxDep, IngestAuth, JobId
 from failslow.service.errors import (
     InvalidEnvelope,
@@ -20,7 +21,7 @@ from failslow.service.errors import (
     UnknownTopology,
 )
 from failslow.service.ids import IDENTIFIER, is_identifier
-from failslow.service.ingest.admission import admit
+from failslow.service.ingest.admission import admit, check_queue
 from failslow.service.ingest.decode import read_body, read_json_bytes
 from failslow.service.ingest.handoff import publish_registration, publish_v2
 from failslow.service.ingest.schemas import CommIn, IngestResult, RankIn
@@ -147,41 +148,49 @@ async def register_topology(
     },
 )
 async def ingest_v2(request: Request, ctx: CtxDep) -> Response:
-    # served by fastpath.V2FastPath unless ingest.fast_path is off; documented and tested here
-    return await handle_v2(request, ctx)
-
-
-async def handle_v2(request: Request, ctx: AppContext) -> Response:
-    """Accept one v2 envelope (auth already checked)."""
-
-    async def accept() -> tuple[JobState | None, ApplyResult]:
-        body, received, encoding = await read_body(
+    # served by fastpath.serve_v2 unless ingest.fast_path is off; documented and tested here
+    async def read() -> tuple[bytes, int, str]:
+        return await read_body(
             request, media_types=(v2.MEDIA_TYPE,), max_bytes=ctx.settings.ingest.max_body_bytes
         )
-        ctx.metrics.bytes.labels(encoding).inc(received)
+
+    answer = await handle_v2(ctx, read, job_scope(request))
+    return Response(answer, media_type="application/json")
+
+
+async def handle_v2(
+    ctx: AppContext, read: Callable[[], Awaitable[tuple[bytes, int, str]]],
+    scope: list[str] | None,
+) -> bytes:  # fmt: skip
+    """Accept one v2 envelope (the token was checked; ``scope``: its job patterns) whose body
+    ``read`` gives as ``(body, bytes on the wire, encoding)``; the JSON answer."""
+
+    async def rest(taken: tuple[bytes, int, str]) -> ApplyResult:
+        body, received, encoding = taken
+        ctx.metrics.received(encoding, received)
         try:
-            header, cols = v2.decode(body)
+            header, layout = v2.decode_header(body)
         except v2.FormatError as exc:
             raise InvalidEnvelope(str(exc)) from None
         _check_header(header)
-        allow_job(request, header["job"])  # a token scoped to other jobs: 403
+        allow(scope, header["job"])  # a token scoped to other jobs: 403
         try:
             if ctx.bus is not None:
-                return None, await publish_v2(ctx.bus, header, body)
+                return await publish_v2(ctx.bus, header, body)
             state = job_state(ctx.jobs, header["job"])
-            # whole-array work of a few hundred microseconds: no thread hop
-            return state, apply(state, lambda s: columnar.apply_v2(s, header, cols))
+            check_queue(ctx, len(body))
+            return await ctx.committer.apply_v2(state, header, body, layout)
         except columnar.UnknownTopology as exc:
             raise UnknownTopology(
                 str(exc), errors=[{"loc": "header.topology", "msg": exc.digest}]
             ) from None
 
-    result = await admit(ctx, accept)
-    answer = {"accepted": result.accepted, "duplicates": result.duplicates,
-              "rejected": result.rejected}  # fmt: skip
+    result = await admit(ctx, read, rest)
+    answer: dict[str, Any] = {"accepted": result.accepted, "duplicates": result.duplicates,
+                              "rejected": result.rejected}  # fmt: skip
     if ctx.bus is not None:
         answer["queued"] = True
-    return Response(orjson.dumps(answer), media_type="application/json")
+    return orjson.dumps(answer)
 
 
 __all__ = ["CommIn", "RankIn", "TopologyIn", "router"]

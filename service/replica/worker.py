@@ -29,7 +29,8 @@ from failslow.service.ingest.envelope import parse_envelope
 from failslow.service.jobs.service import restore, take_uncommitted
 from failslow.service.replica import snapshot, store
 from failslow.service.replica.context import Owned
-from failslow.service.stream import columnar
+from failslow.service.stream import columnar, v2apply
+from failslow.service.stream.columnar import UnknownTopology
 from failslow.service.stream.state import ApplyResult, JobState
 from failslow.wire import v2
 
@@ -129,6 +130,10 @@ class PartitionWorker:
             await sub.unsubscribe()
 
     def apply(self, msgs: list[Any]) -> None:
+        """Apply messages in stream order; consecutive v2 envelopes of one job (all counted
+        before, or none) are applied together (:func:`v2apply.apply_v2_many`)."""
+        run: list[tuple[int, str, bytes]] = []  # (seq, host, body) of one job's v2 envelopes
+        key = ("", False)  # the run's (job, counted before)
         for msg in msgs:
             seq = int(msg.metadata.sequence.stream)
             if seq <= self.through:  # delivered again
@@ -136,13 +141,48 @@ class PartitionWorker:
             h = msg.headers or {}
             job, host = h.get(HDR_JOB, ""), h.get(HDR_HOST, "")
             if seq > self.skip.get(job, 0):
-                try:
-                    self.apply_one(seq, MessageKind(h.get(HDR_KIND)), job, host, msg.data)
-                except Exception:  # noqa: BLE001 - one bad message must not stop the partition
-                    log.exception("partition %d: message %d (job %r) not applied",
-                                  self.partition, seq, job)  # fmt: skip
-                    self.o.failed(1)
+                kind = MessageKind(h.get(HDR_KIND))
+                mine = (job, seq <= self.counted.get(job, 0))
+                if run and (kind is not MessageKind.V2 or mine != key):
+                    self._guarded(key[0], len(run), self.apply_v2_run, *key, run)
+                    run = []
+                if kind is MessageKind.V2:
+                    run.append((seq, host, msg.data))
+                    key = mine
+                else:
+                    self._guarded(job, 1, self.apply_one, seq, kind, job, host, msg.data)
             self.through = seq
+        if run:
+            self._guarded(key[0], len(run), self.apply_v2_run, *key, run)
+
+    def _guarded(self, job: str, messages: int, fn: Any, *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception:  # noqa: BLE001 - one bad message must not stop the partition
+            log.exception("partition %d: %d message(s) of job %r not applied",
+                          self.partition, messages, job)  # fmt: skip
+            self.o.failed(messages)
+
+    def apply_v2_run(self, job: str, counted: bool, run: list[tuple[int, str, bytes]]) -> None:
+        """Apply v2 envelopes of one job together; ``counted``: committed before (applied again
+        for the job's memory, not counted twice)."""
+        o = self.o
+        state = o.jobs.get_or_load(job)
+        decoded = [(host, body, *v2.decode_header(body)) for _, host, body in run]
+        with state.lock:
+            results = v2apply.apply_v2_many(state, [(hd, b, lay) for _, b, hd, lay in decoded])
+            for (host, _, header, layout), result in zip(decoded, results, strict=True):
+                if isinstance(result, UnknownTopology):
+                    log.warning("job %s host %s: envelope names an unknown topology; rejected",
+                                job, host)  # fmt: skip
+                    state.reject_whole(host, header["sent_ns"], layout.collectives + layout.steps)
+            if counted:
+                state.deltas = {}  # committed before: counted once already
+        self.applied[job] = run[-1][0]
+        if not counted:
+            for result in results:
+                if not isinstance(result, UnknownTopology):
+                    record_metrics(o.metrics, result)
 
     def apply_one(self, seq: int, kind: MessageKind, job: str, host: str, body: bytes) -> None:
         o = self.o
@@ -206,18 +246,10 @@ class PartitionWorker:
 
 
 def _apply(state: JobState, kind: MessageKind, host: str, body: bytes) -> ApplyResult | None:
-    """Apply one message as the HTTP path would have (under the job lock)."""
+    """Apply one v1 envelope or registration as the HTTP path would have (under the job
+    lock); v2 envelopes go in runs (:meth:`PartitionWorker.apply_v2_run`)."""
     if kind is MessageKind.V1:
         return state.apply(parse_envelope(orjson.loads(body)))
-    if kind is MessageKind.V2:
-        header, cols = v2.decode(body)
-        try:
-            return columnar.apply_v2(state, header, cols)
-        except columnar.UnknownTopology:
-            log.warning("job %s host %s: envelope names an unknown topology; rejected",
-                        state.job, host)  # fmt: skip
-            state.reject_whole(host, header["sent_ns"], cols.n_collectives + cols.n_steps)
-            return None
     reg = orjson.loads(body)
     state.topology.touch_host(host, reg["sent_ns"], time.monotonic())
     try:

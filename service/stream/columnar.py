@@ -1,5 +1,5 @@
-"""Ingest v2 in the core: a host's registered topology, and an envelope's columns checked against
-it with whole-array operations (one rejection per bad record, as in v1; no object per record).
+"""Ingest v2 in the core: a host's registered topology, as the lookup tables that its envelopes'
+columns are checked against (:mod:`.v2apply`).
 
 A host registers its ranks and the communicators its records name once; the position of a comm
 in that list is its code in the host's envelopes (``wire/v2.py``). The registration is checked
@@ -16,24 +16,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
-from failslow.service.stream import v2check
 from failslow.service.stream.parse import parse_comm, parse_rank
-from failslow.service.stream.records import (
-    CommAnnouncement,
-    RankAnnouncement,
-    RecordError,
-    RecordKind,
-    Reject,
-)
+from failslow.service.stream.records import CommAnnouncement, RankAnnouncement, RecordError
 from failslow.service.stream.topology import Topology
+from failslow.service.stream.v2check import HostTables
 from failslow.wire.topology import canonical_bytes, digest_of
-from failslow.wire.v2 import NO_PEER, Columns
+from failslow.wire.v2 import NO_PEER
 
 if TYPE_CHECKING:
-    from failslow.service.stream.state import ApplyResult, JobState
+    from failslow.service.stream.state import JobState
 
 REGISTRATIONS_KEPT = 4  # per host: envelopes sealed before a change still resolve
-
 
 
 class RegistrationError(ValueError):
@@ -46,16 +39,20 @@ class RegistrationError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class HostTopology:
-    """What a host's v2 envelopes refer to, as lookup tables."""
+    """What a host's v2 envelopes refer to, as lookup tables (:class:`v2check.HostTables`)."""
 
     host: str
     digest: str
-    ranks: np.ndarray  # (r,) the host's global ranks, sorted
-    slots: np.ndarray  # (r,) their slots in the job
-    comm_index: np.ndarray  # (c,) host comm code -> the job's comm index
     comm_size: np.ndarray  # (c,)
-    position: np.ndarray  # (c, r) member position of each host rank in each comm, -1: none
-    other: np.ndarray  # (c, r) for two-member comms: the other member's global rank, else -1
+    tables: HostTables
+
+    @property
+    def ranks(self) -> np.ndarray:
+        return self.tables.ranks  # (r,) the host's global ranks, sorted
+
+    @property
+    def comm_index(self) -> np.ndarray:
+        return self.tables.comm_index  # (c,) host comm code -> the job's comm index
 
 
 def check_registration(
@@ -127,100 +124,15 @@ def register(
             position[ci, j] = p
             if len(c.ranks) == 2:
                 other[ci, j] = c.ranks[1 - p]
-    return HostTopology(
-        host=host,
-        digest=digest,
+    tables = HostTables(
         ranks=own,
         slots=np.array([topo.ranks[r].slot for r in own.tolist()], dtype=np.int64),
         comm_index=np.array([topo.comms[c.comm].index for c in comms], dtype=np.int64),
-        comm_size=np.array([len(c.ranks) for c in comms], dtype=np.int64),
         position=position,
         other=other,
     )
-
-
-@dataclass(slots=True)
-class Checked:
-    """The result of checking an envelope's columns."""
-
-    members: dict[str, np.ndarray]  # the valid collectives, as the joiner stages them
-    steps: dict[str, np.ndarray]  # the valid step records (rank slot, step, start, end) + index
-    rejected: list[dict[str, str]]
-    reasons: list[Reject]
-
-
-def _reject(
-    reason: np.ndarray,
-    rules: tuple[tuple[Reject, str], ...],
-    column: str,
-    rejected: list[dict[str, str]],
-    reasons: list[Reject],
-) -> None:
-    """One rejection per record whose ``reason`` (1-based into ``rules``) is set."""
-    for i in np.flatnonzero(reason).tolist():
-        code, msg = rules[int(reason[i]) - 1]
-        rejected.append({"index": f"{column}[{i}]", "reason": msg})
-        reasons.append(code)
-
-
-def check_columns(
-    cols: Columns,
-    ht: HostTopology,
-    slot_host: np.ndarray,
-    host_index: int,
-    seen_ns: int,
-    *,
-    jit: bool = False,
-) -> Checked:
-    """Check every record of ``cols`` at once; the valid ones come out ready to stage. ``jit``:
-    with the compiled checks (see :mod:`v2check`)."""
-    c = cols.collectives
-    reason, code, slot, pos = v2check.reasons(
-        c, ht.ranks, ht.slots, ht.position, ht.other, slot_host, host_index, jit=jit
-    )
-    rejected: list[dict[str, str]] = []
-    reasons: list[Reject] = []
-    if reason.any():
-        _reject(reason, v2check.RULES, "collectives", rejected, reasons)
-        ok = reason == 0
-        code, slot, pos = code[ok], slot[ok], pos[ok]
-        c = {k: v[ok] for k, v in c.items()}
-    n = int(code.size)
-    members = {
-        "comm": ht.comm_index[code] if ht.comm_index.size else code,
-        "seq": c["seq"].astype(np.int64, copy=False),
-        "pos": pos,
-        "slot": slot,
-        "op": c["op"].astype(np.uint8, copy=False),
-        "nbytes": c["bytes"].astype(np.int64, copy=False),
-        "start": c["start_ns"].astype(np.int64, copy=False),
-        "end": c["end_ns"].astype(np.int64, copy=False),
-        "seen": np.full(n, seen_ns, np.int64),
-    }
-    s = cols.steps
-    sreason, sslot = v2check.step_reasons(s, ht.ranks, ht.slots, slot_host, host_index, jit=jit)
-    if "work" in s:  # optional column: NaN (not said) or a positive finite number
-        w = s["work"]
-        bad = (sreason == 0) & ~(np.isnan(w) | ((w > 0) & np.isfinite(w)))
-        if bad.any():
-            sreason = np.where(bad, len(v2check.STEP_RULES), sreason)
-    index = np.arange(sreason.size)
-    if sreason.any():
-        _reject(sreason, v2check.STEP_RULES, "steps", rejected, reasons)
-        sok = sreason == 0
-        index, sslot, s = index[sok], sslot[sok], {k: v[sok] for k, v in s.items()}
-    steps = {
-        "index": index,
-        "slot": sslot,
-        "rank": s["rank"].astype(np.int64, copy=False),
-        "step": s["step"].astype(np.int64, copy=False),
-        "start": s["start_ns"].astype(np.int64, copy=False),
-        "end": s["end_ns"].astype(np.int64, copy=False),
-    }
-    if "work" in s:
-        steps["work"] = s["work"].astype(np.float64, copy=False)
-    return Checked(members, steps, rejected, reasons)
-
+    sizes = np.array([len(c.ranks) for c in comms], dtype=np.int64)
+    return HostTopology(host=host, digest=digest, comm_size=sizes, tables=tables)
 
 
 class UnknownTopology(LookupError):
@@ -257,6 +169,13 @@ def register_topology(
     return ht
 
 
+def lookup(state: JobState, host: str, digest: str) -> HostTopology:
+    """The registration ``digest`` of ``host``: in memory, or stored before a restart (registered
+    again now); raises :class:`UnknownTopology`."""
+    ht = state.registrations.get(host, {}).get(digest)
+    return ht if ht is not None else _restore(state, host, digest)
+
+
 def _restore(state: JobState, host: str, key: str) -> HostTopology:
     """A registration stored before a restart, registered again; else UnknownTopology."""
     raw = state.stored_registrations.get(host, {}).get(key)
@@ -268,31 +187,3 @@ def _restore(state: JobState, host: str, key: str) -> HostTopology:
     except (RegistrationError, orjson.JSONDecodeError, KeyError, TypeError):
         state.stored_registrations[host].pop(key, None)  # the host registers it again
         raise UnknownTopology(host, key) from None
-
-
-def apply_v2(state: JobState, header: dict[str, Any], cols: Columns) -> ApplyResult:
-    """Apply a v2 envelope whose header was checked (job, host, sent_ns, agent, batch_seq,
-    topology); raises UnknownTopology before anything is applied."""
-    host, sent_ns = header["host"], header["sent_ns"]
-    agent, batch_seq = header.get("agent"), header.get("batch_seq")
-    ht = state.registrations.get(host, {}).get(header["topology"])
-    if ht is None:
-        ht = _restore(state, host, header["topology"])
-    result = state.begin(host, sent_ns, agent, batch_seq, cols.n_collectives + cols.n_steps)
-    if result.batch_duplicate:
-        return result
-    topo = state.topology
-    checked = check_columns(
-        cols, ht, topo.slot_host, topo.host_ids.get(host, -1), state.watermark_ns,
-        jit=state.frames.jit,
-    )  # fmt: skip
-    result.rejected, result.reasons = checked.rejected, checked.reasons
-    state.stage(checked.members)
-    result.count(RecordKind.COLLECTIVE, int(checked.members["comm"].size))
-    s = checked.steps
-    fresh, errors = state.add_steps(s["slot"], s["step"], s["start"], s["end"], s.get("work"))
-    for i, exc in errors:
-        result.reject(f"steps[{int(s['index'][i])}]", exc)
-    new = int(fresh.sum())
-    result.count(RecordKind.STEP, new, int(fresh.size) - new - len(errors))
-    return state.finish(result, host, sent_ns, agent, batch_seq)

@@ -126,17 +126,28 @@ class JobState:
         return apply_v1(self, env)
 
     def begin(
-        self, host: str, sent_ns: int, agent: str | None, batch_seq: int | None, records: int
+        self,
+        host: str,
+        sent_ns: int,
+        agent: str | None,
+        batch_seq: int | None,
+        records: int,
+        *,
+        claim: bool = False,
     ) -> ApplyResult:
         """Start applying an envelope. A re-send of a batch already applied comes back with
-        ``batch_duplicate`` set (counted as duplicates, nothing else to do)."""
+        ``batch_duplicate`` set (counted as duplicates, nothing else to do). ``claim``: take its
+        stream position now, so that a re-send begun before this one finishes is a duplicate
+        (envelopes applied together, :mod:`.v2apply`)."""
         wall = time.monotonic()
         stream = (host, agent) if agent is not None else None
-        if stream is not None and batch_seq is not None and batch_seq <= self.streams.get(
-            stream, -1
-        ):
-            self._delta(host, sent_ns).duplicates += records
-            return ApplyResult(duplicates=records, batch_duplicate=True)
+        if stream is not None and batch_seq is not None:
+            if batch_seq <= self.streams.get(stream, -1):
+                self._delta(host, sent_ns).duplicates += records
+                return ApplyResult(duplicates=records, batch_duplicate=True)
+            if claim:
+                self.streams[stream] = batch_seq
+                self.dirty_streams.add(stream)
         self.topology.touch_host(host, sent_ns, wall)
         self.last_wall = wall
         if self.first_seen_ns is None:
@@ -171,10 +182,13 @@ class JobState:
         sent_ns: int,
         agent: str | None,
         batch_seq: int | None,
+        *,
+        settle: bool = True,
     ) -> ApplyResult:
-        """End applying an envelope: its counters and stream position become pending commits."""
-        self.scale_limits()
-        self.frames.attribute(self.topology.n_slots)
+        """End applying an envelope: its counters and stream position become pending commits.
+        ``settle``: also :meth:`settle` (envelopes applied together settle once, after all)."""
+        if settle:
+            self.settle()
         delta = self._delta(host, sent_ns)
         delta.accepted += result.accepted
         delta.duplicates += result.duplicates
@@ -185,6 +199,12 @@ class JobState:
         if result.accepted:
             self.new_data = True
         return result
+
+    def settle(self) -> None:
+        """After applying: bounds that follow the job's size, and contributions whose step
+        record has come placed in their frames."""
+        self.scale_limits()
+        self.frames.attribute(self.topology.n_slots)
 
     def reject_whole(self, host: str, sent_ns: int, records: int) -> None:
         """Count every record of an envelope that could not be applied at all (with a bus, its

@@ -13,6 +13,7 @@ records, :data:`STEP_RULES`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -90,61 +91,123 @@ def reasons_numpy(
     return reason, code_ok, slot, pos
 
 
-def _reasons_loop(rank, code, seq, op, nbytes, start, end, peer, ranks, slots, position, other,
-                  p2p, slot_host, host_index, reason, code_out, slot_out, pos_out):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202, E501, PLR0913
-    """The compiled pass: the same rules as :func:`reasons_numpy`, record by record."""
-    n_ranks = ranks.shape[0]
-    n_codes = position.shape[0]
+def _reasons_loop(rank, code, seq, op, nbytes, start, end, peer, bounds, ranks, rank_off, slots,
+                  position, other, tab_off, comm_index, code_off, host_index, p2p, slot_host,
+                  reason, comm_out, slot_out, pos_out):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202, E501, PLR0913
+    """The compiled pass: the same rules as :func:`reasons_numpy`, record by record, over the
+    records of several envelopes end to end. Envelope ``e`` holds records
+    ``bounds[e]:bounds[e + 1]``; its host's ranks and slots are ``ranks[rank_off[e]:rank_off[e +
+    1]]``, its (codes x ranks) tables start at ``tab_off[e]`` of the flat ``position`` and
+    ``other``, its code -> job comm index table at ``code_off[e]`` of ``comm_index`` (as many
+    codes as the tables have rows). ``comm_out``: the job's comm index."""
     n_hosts = slot_host.shape[0]
-    for i in range(rank.shape[0]):
-        r = rank[i]
-        lo, hi = 0, n_ranks
-        while lo < hi:  # the host's few ranks, sorted
-            mid = (lo + hi) // 2
-            if ranks[mid] < r:
-                lo = mid + 1
+    for e in range(bounds.shape[0] - 1):
+        r0 = rank_off[e]
+        n_ranks = rank_off[e + 1] - r0
+        n_codes = code_off[e + 1] - code_off[e]
+        t0 = tab_off[e]
+        c0 = code_off[e]
+        hix = host_index[e]
+        for i in range(bounds[e], bounds[e + 1]):
+            r = rank[i]
+            lo, hi = 0, n_ranks
+            while lo < hi:  # the host's few ranks, sorted
+                mid = (lo + hi) // 2
+                if ranks[r0 + mid] < r:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            j = min(lo, n_ranks - 1) if n_ranks else 0
+            own = n_ranks > 0 and ranks[r0 + j] == r
+            cd = code[i]
+            known = cd < n_codes
+            c = cd if known else 0
+            s = slots[r0 + j] if n_ranks else 0
+            here = own
+            if own and n_hosts:
+                here = slot_host[min(s, n_hosts - 1)] == hix
+            cell = t0 + c * n_ranks + j
+            pos = position[cell] if (n_codes and n_ranks) else -1
+            o = op[i]
+            oth = other[cell] if (n_codes and n_ranks) else -1
+            comm_out[i] = comm_index[c0 + c] if n_codes else c
+            slot_out[i] = s
+            pos_out[i] = pos
+            if not own:
+                reason[i] = 1
+            elif not known:
+                reason[i] = 2
+            elif not here:
+                reason[i] = 3
+            elif pos < 0:
+                reason[i] = 4
+            elif seq[i] < 0:
+                reason[i] = 5
+            elif o >= p2p.shape[0]:
+                reason[i] = 6
+            elif nbytes[i] < 0:
+                reason[i] = 7
+            elif start[i] < 0:
+                reason[i] = 8
+            elif end[i] != -1 and end[i] < start[i]:
+                reason[i] = 9
+            elif (p2p[o] and (oth == -1 or peer[i] != oth)) or (not p2p[o] and peer[i] != -1):
+                reason[i] = 10
             else:
-                hi = mid
-        j = min(lo, n_ranks - 1) if n_ranks else 0
-        own = n_ranks > 0 and ranks[j] == r
-        cd = code[i]
-        known = cd < n_codes
-        c = cd if known else 0
-        s = slots[j] if n_ranks else 0
-        here = own
-        if own and n_hosts:
-            here = slot_host[min(s, n_hosts - 1)] == host_index
-        pos = position[c, j] if (n_codes and n_ranks) else -1
-        o = op[i]
-        oth = other[c, j] if (n_codes and n_ranks) else -1
-        code_out[i] = c
-        slot_out[i] = s
-        pos_out[i] = pos
-        if not own:
-            reason[i] = 1
-        elif not known:
-            reason[i] = 2
-        elif not here:
-            reason[i] = 3
-        elif pos < 0:
-            reason[i] = 4
-        elif seq[i] < 0:
-            reason[i] = 5
-        elif o >= p2p.shape[0]:
-            reason[i] = 6
-        elif nbytes[i] < 0:
-            reason[i] = 7
-        elif start[i] < 0:
-            reason[i] = 8
-        elif end[i] != -1 and end[i] < start[i]:
-            reason[i] = 9
-        elif (p2p[o] and (oth == -1 or peer[i] != oth)) or (not p2p[o] and peer[i] != -1):
-            reason[i] = 10
-        else:
-            reason[i] = 0
+                reason[i] = 0
 
 
 _compiled_loop: Any = kernels.jit(_reasons_loop) if kernels.AVAILABLE else None
+
+
+@dataclass(frozen=True, slots=True)
+class HostTables:
+    """The lookup tables of one host's registration (``columnar.HostTopology`` holds them)."""
+
+    ranks: np.ndarray  # (r,) the host's global ranks, sorted
+    slots: np.ndarray  # (r,) their slots in the job
+    comm_index: np.ndarray  # (c,) host comm code -> the job's comm index
+    position: np.ndarray  # (c, r) member position of each host rank in each comm, -1: none
+    other: np.ndarray  # (c, r) for two-member comms: the other member's global rank, else -1
+
+
+def _offsets(sizes: list[int]) -> np.ndarray:
+    out = np.zeros(len(sizes) + 1, np.int64)
+    np.cumsum(sizes, out=out[1:])
+    return out
+
+
+def _flat(parts: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts) if len(parts) > 1 else parts[0].reshape(-1)
+
+
+def reasons_group(
+    c: dict[str, np.ndarray],
+    counts: list[int],
+    tables: list[HostTables],
+    host_index: list[int],
+    slot_host: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`reasons_numpy` for the records of several envelopes end to end in one compiled
+    pass (numba must be installed): envelope ``e`` holds ``counts[e]`` records, checked against
+    ``tables[e]`` for host ``host_index[e]``. ``(reason, job comm index, slot, pos)``."""
+    n = c["rank"].size
+    reason = np.empty(n, np.uint8)
+    comm, slot, pos = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+    if not n:
+        return reason, comm, slot, pos
+    _compiled_loop(
+        c["rank"], c["comm"], c["seq"], c["op"], c["bytes"], c["start_ns"], c["end_ns"],
+        c["peer"], _offsets(counts),
+        _flat([t.ranks for t in tables]), _offsets([t.ranks.size for t in tables]),
+        _flat([t.slots for t in tables]),
+        _flat([t.position.reshape(-1) for t in tables]),
+        _flat([t.other.reshape(-1) for t in tables]),
+        _offsets([t.position.size for t in tables])[:-1],
+        _flat([t.comm_index for t in tables]), _offsets([t.comm_index.size for t in tables]),
+        np.asarray(host_index, np.int64), P2P_CODE, slot_host, reason, comm, slot, pos,
+    )  # fmt: skip
+    return reason, comm, slot, pos
 
 
 def reasons_compiled(
@@ -156,33 +219,62 @@ def reasons_compiled(
     slot_host: np.ndarray,
     host_index: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`reasons_numpy` in one compiled pass (numba must be installed)."""
-    n = c["rank"].size
-    reason = np.empty(n, np.uint8)
-    code, slot, pos = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
-    if n:
-        _compiled_loop(
-            c["rank"], c["comm"], c["seq"], c["op"], c["bytes"], c["start_ns"], c["end_ns"],
-            c["peer"], ranks, slots, position, other, P2P_CODE, slot_host, host_index,
-            reason, code, slot, pos,
-        )  # fmt: skip
-    return reason, code, slot, pos
+    """:func:`reasons_numpy` in one compiled pass (numba must be installed); the host's comm
+    code comes back as the column, as there."""
+    codes = np.arange(position.shape[0], dtype=np.int64)
+    t = HostTables(ranks, slots, codes, position, other)
+    return reasons_group(c, [int(c["rank"].size)], [t], [host_index], slot_host)
+
+
+def _bounds(counts: list[int]) -> list[tuple[int, int]]:
+    o = _offsets(counts).tolist()
+    return list(zip(o[:-1], o[1:], strict=True))
 
 
 def reasons(
     c: dict[str, np.ndarray],
-    ranks: np.ndarray,
-    slots: np.ndarray,
-    position: np.ndarray,
-    other: np.ndarray,
+    counts: list[int],
+    tables: list[HostTables],
+    host_index: list[int],
     slot_host: np.ndarray,
-    host_index: int,
     *,
     jit: bool,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The compiled form when ``jit`` (and numba is installed), else numpy."""
-    fn = reasons_compiled if jit and kernels.AVAILABLE else reasons_numpy
-    return fn(c, ranks, slots, position, other, slot_host, host_index)
+    """:func:`reasons_group` when ``jit`` (and numba is installed), else numpy envelope by
+    envelope (the same answers)."""
+    if jit and kernels.AVAILABLE:
+        return reasons_group(c, counts, tables, host_index, slot_host)
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+    for (lo, hi), t, h in zip(_bounds(counts), tables, host_index, strict=True):
+        mine = {k: v[lo:hi] for k, v in c.items()}
+        reason, code, slot, pos = reasons_numpy(
+            mine, t.ranks, t.slots, t.position, t.other, slot_host, h
+        )
+        parts.append((reason, t.comm_index[code] if t.comm_index.size else code, slot, pos))
+    if len(parts) == 1:
+        return parts[0]
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))  # type: ignore[return-value]
+
+
+def step_reasons(
+    s: dict[str, np.ndarray],
+    counts: list[int],
+    tables: list[HostTables],
+    host_index: list[int],
+    slot_host: np.ndarray,
+    *,
+    jit: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`step_reasons_group` when ``jit`` (and numba is installed), else numpy."""
+    if jit and kernels.AVAILABLE:
+        return step_reasons_group(s, counts, tables, host_index, slot_host)
+    parts = [
+        step_reasons_numpy({k: v[lo:hi] for k, v in s.items()}, t.ranks, t.slots, slot_host, h)
+        for (lo, hi), t, h in zip(_bounds(counts), tables, host_index, strict=True)
+    ]
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
 
 def _own(
@@ -218,40 +310,67 @@ def step_reasons_numpy(
     return reason, slot
 
 
-def _step_loop(rank, step, start, end, ranks, slots, slot_host, host_index, reason, slot_out):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202, E501, PLR0913
-    n_ranks = ranks.shape[0]
+def _step_loop(rank, step, start, end, bounds, ranks, rank_off, slots, slot_host, host_index,
+               reason, slot_out):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202, E501, PLR0913
+    """:func:`step_reasons_numpy`, record by record, over several envelopes end to end (the
+    offsets as in :func:`_reasons_loop`)."""
     n_hosts = slot_host.shape[0]
-    for i in range(rank.shape[0]):
-        r = rank[i]
-        lo, hi = 0, n_ranks
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if ranks[mid] < r:
-                lo = mid + 1
+    for e in range(bounds.shape[0] - 1):
+        r0 = rank_off[e]
+        n_ranks = rank_off[e + 1] - r0
+        hix = host_index[e]
+        for i in range(bounds[e], bounds[e + 1]):
+            r = rank[i]
+            lo, hi = 0, n_ranks
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if ranks[r0 + mid] < r:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            j = min(lo, n_ranks - 1) if n_ranks else 0
+            own = n_ranks > 0 and ranks[r0 + j] == r
+            sl = slots[r0 + j] if n_ranks else 0
+            here = own
+            if own and n_hosts:
+                here = slot_host[min(sl, n_hosts - 1)] == hix
+            slot_out[i] = sl
+            if not own:
+                reason[i] = 1
+            elif not here:
+                reason[i] = 2
+            elif step[i] < 0 or step[i] > 2147483647:  # INT32_MAX (a literal for numba)
+                reason[i] = 3
+            elif start[i] < 0:
+                reason[i] = 4
+            elif end[i] < start[i]:
+                reason[i] = 5
             else:
-                hi = mid
-        j = min(lo, n_ranks - 1) if n_ranks else 0
-        own = n_ranks > 0 and ranks[j] == r
-        sl = slots[j] if n_ranks else 0
-        here = own
-        if own and n_hosts:
-            here = slot_host[min(sl, n_hosts - 1)] == host_index
-        slot_out[i] = sl
-        if not own:
-            reason[i] = 1
-        elif not here:
-            reason[i] = 2
-        elif step[i] < 0 or step[i] > 2147483647:  # INT32_MAX (a literal for numba)
-            reason[i] = 3
-        elif start[i] < 0:
-            reason[i] = 4
-        elif end[i] < start[i]:
-            reason[i] = 5
-        else:
-            reason[i] = 0
+                reason[i] = 0
 
 
 _compiled_steps: Any = kernels.jit(_step_loop) if kernels.AVAILABLE else None
+
+
+def step_reasons_group(
+    s: dict[str, np.ndarray],
+    counts: list[int],
+    tables: list[HostTables],
+    host_index: list[int],
+    slot_host: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`step_reasons_numpy` over several envelopes in one compiled pass (see
+    :func:`reasons_group`)."""
+    n = s["rank"].size
+    reason, slot = np.empty(n, np.uint8), np.empty(n, np.int64)
+    if n:
+        _compiled_steps(
+            s["rank"], s["step"], s["start_ns"], s["end_ns"], _offsets(counts),
+            _flat([t.ranks for t in tables]), _offsets([t.ranks.size for t in tables]),
+            _flat([t.slots for t in tables]), slot_host, np.asarray(host_index, np.int64),
+            reason, slot,
+        )  # fmt: skip
+    return reason, slot
 
 
 def step_reasons_compiled(
@@ -262,25 +381,6 @@ def step_reasons_compiled(
     host_index: int,
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`step_reasons_numpy` in one compiled pass (numba must be installed)."""
-    n = s["rank"].size
-    reason, slot = np.empty(n, np.uint8), np.empty(n, np.int64)
-    if n:
-        _compiled_steps(
-            s["rank"], s["step"], s["start_ns"], s["end_ns"], ranks, slots, slot_host,
-            host_index, reason, slot,
-        )  # fmt: skip
-    return reason, slot
-
-
-def step_reasons(
-    s: dict[str, np.ndarray],
-    ranks: np.ndarray,
-    slots: np.ndarray,
-    slot_host: np.ndarray,
-    host_index: int,
-    *,
-    jit: bool,
-) -> tuple[np.ndarray, np.ndarray]:
-    """The compiled form when ``jit`` (and numba is installed), else numpy."""
-    fn = step_reasons_compiled if jit and kernels.AVAILABLE else step_reasons_numpy
-    return fn(s, ranks, slots, slot_host, host_index)
+    none = np.zeros((0, ranks.size), np.int64)
+    t = HostTables(ranks, slots, np.zeros(0, np.int64), none, none)
+    return step_reasons_group(s, [int(s["rank"].size)], [t], [host_index], slot_host)

@@ -12,7 +12,7 @@ import pytest
 
 from failslow.harness.load import e2e
 from failslow.harness.load.job import HostTemplate, JobLayout, host_name
-from failslow.service.stream import columnar
+from failslow.service.stream import columnar, v2apply
 from failslow.service.stream.settings import StateSettings
 from failslow.service.stream.state import JobState
 from failslow.wire import topology, v2
@@ -34,9 +34,10 @@ def test_templates_join_into_complete_collectives() -> None:
         for h, t in enumerate(hosts):
             header = {"job": "j", "host": host_name(h), "sent_ns": T0 + (step + 1) * job.step_ns,
                       "agent": "a", "batch_seq": step, "topology": digests[h]}  # fmt: skip
-            head, cols = v2.decode(t.body(step, T0, header))
-            assert cols.n_collectives + cols.n_steps == t.records
-            result = columnar.apply_v2(state, head, cols)
+            body = t.body(step, T0, header)
+            head, layout = v2.decode_header(body)
+            assert layout.collectives + layout.steps == t.records
+            result = v2apply.apply_v2(state, head, body, layout)
             assert result.rejected == [] and result.accepted == t.records
             total += t.records
     state.drain_ready()
