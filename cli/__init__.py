@@ -33,6 +33,21 @@ def _settings(args: argparse.Namespace) -> object:
         raise SystemExit(f"failslow: invalid settings: {msgs}") from None
 
 
+def raise_file_limit() -> int:
+    """Raise this process's soft limit of open files to its hard limit (a service holds one
+    connection per node agent); the limit now."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -43,6 +58,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         level=settings.log_level.upper(),  # type: ignore[attr-defined]
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    raise_file_limit()
     app = create_app(settings)  # type: ignore[arg-type]
     uvicorn.run(
         app,
@@ -50,6 +66,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port=settings.port,  # type: ignore[attr-defined]
         log_level=settings.log_level,  # type: ignore[attr-defined]
         access_log=args.access_log,
+        timeout_keep_alive=settings.keep_alive_s,  # type: ignore[attr-defined]
     )
     return 0
 

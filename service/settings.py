@@ -59,6 +59,13 @@ class Settings(BaseSettings):
     )
     host: str = Field(default="127.0.0.1", description="Address `failslow serve` binds.")
     port: int = Field(default=8000, ge=0, le=65535, description="Port `failslow serve` binds.")
+    keep_alive_s: float = Field(
+        default=75.0,
+        gt=0,
+        description="How long `failslow serve` keeps an idle HTTP connection open. Agents send "
+        "an envelope per step or second over one connection; a step longer than this makes "
+        "each of them reconnect (at 100K ranks, 12,800 connects per step).",
+    )
     insecure: bool = Field(
         default=False, description="Allow a non-loopback bind without tokens (not recommended)."
     )

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import gzip
 import json
+import resource
 import statistics
 import sys
 import tempfile
@@ -89,34 +90,57 @@ def _header(run: Run, h: int, step: int, digest: str, sealed_ns: int) -> dict[st
 
 
 async def _send(run: Run, conns: list[Connection], digests: list[str]) -> None:
+    """Every host's envelope of each step at its time. Bodies are encoded (and gzipped) while
+    the step before runs, in slices that leave the senders their turn: what the generator does
+    at a step's end is only writing what was ready, as agents whose batches are sealed do."""
     S = run.job.step_ns / 1e9
     spread = min(0.5 * S, 0.5)
     n = len(run.hosts)
+    headers = {**V2_HEADERS, "Content-Encoding": "gzip"} if run.args.gzip else V2_HEADERS
+    bodies: dict[int, list[bytes]] = {}
+    ready = [asyncio.Event() for _ in range(run.args.steps)]
+    sending = [len(conns)] * run.args.steps  # workers still sending each step's bodies
+
+    def due(step: int, h: int) -> float:
+        return run.t0_ns / 1e9 + (step + 1) * S + spread * h / n
+
+    async def encoder() -> None:
+        for step in range(run.args.steps):
+            start = run.t0_ns / 1e9 + step * S  # the step's records exist from its start on
+            if start > time.time():
+                await asyncio.sleep(start - time.time())
+            out = []
+            for h in range(n):
+                header = _header(run, h, step, digests[h], int(due(step, h) * 1e9))
+                body = run.hosts[h].body(step, run.t0_ns, header)
+                out.append(gzip.compress(body, compresslevel=1) if run.args.gzip else body)
+                if h % 32 == 31:
+                    await asyncio.sleep(0)
+            bodies[step] = out
+            ready[step].set()
 
     async def worker(i: int) -> None:
         mine = list(range(i, n, len(conns)))
         for step in range(run.args.steps):
+            await ready[step].wait()
             for h in mine:
-                due = run.t0_ns / 1e9 + (step + 1) * S + spread * h / n
-                delay = due - time.time()
+                delay = due(step, h) - time.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
                 else:
                     run.behind_s = max(run.behind_s, -delay)
-                header = _header(run, h, step, digests[h], int(due * 1e9))
-                body = run.hosts[h].body(step, run.t0_ns, header)
-                headers = V2_HEADERS
-                if run.args.gzip:
-                    body = gzip.compress(body, compresslevel=1)
-                    headers = {**V2_HEADERS, "Content-Encoding": "gzip"}
-                status, answer = await conns[i].request("POST", "/v2/ingest", body, headers)
+                status, answer = await conns[i].request("POST", "/v2/ingest", bodies[step][h],
+                                                        headers)  # fmt: skip
                 if status != 200:
                     run.errors.append(f"{host_name(h)} step {step}: {status} {answer[:200]!r}")
                     continue
                 run.envelopes += 1
                 run.records += run.hosts[h].records
+            sending[step] -= 1
+            if not sending[step]:
+                del bodies[step]
 
-    await asyncio.gather(*(worker(i) for i in range(len(conns))))
+    await asyncio.gather(encoder(), *(worker(i) for i in range(len(conns))))
 
 
 async def _poll(run: Run, stop: asyncio.Event) -> None:
@@ -132,6 +156,13 @@ async def _poll(run: Run, stop: asyncio.Event) -> None:
     status, body = await conn.request("GET", f"/v1/jobs/{JOB}/incidents")
     run.incidents = orjson.loads(body) if status == 200 else []
     await conn.close()
+
+
+def _file_limit() -> int:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
 
 
 def _span(items: list[Any]) -> str:
@@ -159,7 +190,11 @@ async def _main(run: Run, fleet: Fleet | None) -> dict[str, Any]:
         await _wait_ready(url)
     if fleet is not None:
         await asyncio.to_thread(fleet.wait_owned)
-    n = max(1, min(run.args.connections, len(run.hosts)))
+    n = len(run.hosts) if run.args.connections <= 0 else min(run.args.connections, len(run.hosts))
+    limit = _file_limit()
+    if n + 64 > limit:
+        raise SystemExit(f"{n} connections need more open files than this process may have "
+                         f"({limit}): raise `ulimit -n` or pass --connections")  # fmt: skip
     conns = [await Connection(run.urls[i % len(run.urls)], run.args.token).open()
              for i in range(n)]  # fmt: skip
     print(f"registering {len(run.hosts)} hosts ...", file=sys.stderr, flush=True)
@@ -281,8 +316,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )  # fmt: skip
     p.add_argument("--token", help="bearer token for --service (ingest and read)")
     p.add_argument(
-        "--connections", type=int, default=256,
-        help="HTTP connections (at most one per host; each waits for its answer, as an agent does)",
+        "--connections", type=int, default=0,
+        help="HTTP connections, each waiting for its answer as an agent does (default 0: one "
+        "per host, as node agents have; the service and this generator each need that many "
+        "file descriptors)",
     )  # fmt: skip
     p.add_argument("--no-gzip", dest="gzip", action="store_false", help="send bodies raw")
     p.add_argument("--json", help="write the result here")
