@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import faulthandler
 import json
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -171,6 +173,7 @@ def _stop_at(path: str | None) -> int | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: where is it stuck?
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
     my_tp, tp_name, my_dp, dp_name = join(args.rank, args.world, args.tp, args.master, args.pp)

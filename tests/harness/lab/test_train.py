@@ -6,8 +6,10 @@ socket (here: an SDK spool directory read back)."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -35,8 +37,20 @@ def _run(tmp: Path, tag: str, instrument: bool, layout: tuple[str, ...] = ()) ->
         else:
             argv += ["--no-instrument"]
         procs.append(subprocess.Popen(argv, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin"}))
-    for p in procs:
-        assert p.wait(timeout=120) == 0
+    try:
+        codes = [p.wait(timeout=120) for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:  # where each rank is stuck (faulthandler on SIGUSR1, to stderr)
+            if p.poll() is None:
+                p.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        raise
+    finally:
+        for p in procs:  # a failed run leaves no rank behind to disturb later tests
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert codes == [0] * 4
     return [
         [json.loads(line)["loss"] for line in (tmp / f"{tag}-{r}.jsonl").read_text().splitlines()]
         for r in range(4)
