@@ -200,6 +200,20 @@ def build_context(settings: Settings) -> AppContext:
     return ctx
 
 
+async def hand_over(ownership: Any, bus: Any, timeout_s: float) -> None:
+    """Hand the partitions over with fresh snapshots, then drain the bus connection; each
+    within ``timeout_s``, so that an unresponsive NATS server cannot hold a shutdown forever
+    (the next owner replays from the stream what was not committed)."""
+    for what, step in (("hand-over of the partitions", ownership.close),
+                       ("drain of the bus connection", bus.close)):  # fmt: skip
+        try:
+            await asyncio.wait_for(step(), timeout_s)
+        except TimeoutError:
+            log.error("shutdown: the %s took over %g s; going on without it", what, timeout_s)
+        except Exception:  # noqa: BLE001 - shutting down: say it and go on
+            log.exception("shutdown: the %s failed", what)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
 
@@ -229,8 +243,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
             if ownership is not None:
-                await ownership.close()  # hand the partitions over with fresh snapshots
-                await ctx.bus.close()  # type: ignore[union-attr]
+                await hand_over(ownership, ctx.bus, settings.bus.shutdown_timeout_s)  # type: ignore[arg-type]
             if ctx.lease is not None and not ctx.lease.lost:
                 with contextlib.suppress(Exception):  # it expires anyway
                     await run_in_threadpool(ctx.lease.release)

@@ -60,3 +60,10 @@ class BusSettings(BaseModel):
     publish_timeout_s: float = Field(
         default=5.0, gt=0, description="How long ingest waits for the stream to hold a batch."
     )
+    shutdown_timeout_s: float = Field(
+        default=20.0, gt=0,
+        description="The most a clean shutdown waits to hand its partitions over (commit with "
+        "snapshots, release the claims) and to drain the connection. Past it the replica exits "
+        "anyway: the next owner takes the partitions when the claims expire and replays what "
+        "was not committed.",
+    )  # fmt: skip

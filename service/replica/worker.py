@@ -35,6 +35,7 @@ from failslow.service.stream.state import ApplyResult, JobState
 from failslow.wire import v2
 
 log = logging.getLogger(__name__)
+UNSUBSCRIBE_TIMEOUT_S = 5.0  # leaving a partition: the most its subscription's end may take
 
 
 class PartitionWorker:
@@ -127,7 +128,8 @@ class PartitionWorker:
                         committed = now
         finally:
             self.ready = False
-            await sub.unsubscribe()
+            with contextlib.suppress(Exception):  # bounded: a dead server must not hold a stop
+                await asyncio.wait_for(sub.unsubscribe(), UNSUBSCRIBE_TIMEOUT_S)
 
     def apply(self, msgs: list[Any]) -> None:
         """Apply messages in stream order; consecutive v2 envelopes of one job (all counted
