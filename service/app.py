@@ -24,6 +24,7 @@ from failslow.service.db import make_engine, make_sessionmaker, session_scope, u
 from failslow.service.detection.engine import DetectionEngine
 from failslow.service.errors import install_handlers
 from failslow.service.incidents.router import router as incidents_router
+from failslow.service.ingest.bundle import router as ingest_bundle_router
 from failslow.service.ingest.fastpath import FailslowApp
 from failslow.service.ingest.router import router as ingest_router
 from failslow.service.ingest.schemas import envelope_schema
@@ -258,6 +259,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_handlers(app)
     app.include_router(ingest_router)
     app.include_router(ingest_v2_router)
+    app.include_router(ingest_bundle_router)
     app.include_router(jobs_router)
     app.include_router(incidents_router)
     app.include_router(actions_router)

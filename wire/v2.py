@@ -41,6 +41,9 @@ from failslow.detectors.vocab import Op
 
 MAGIC = b"FSL2"
 MEDIA_TYPE = "application/vnd.failslow.v2"
+BUNDLE_MAGIC = b"FSLB"
+BUNDLE_MEDIA_TYPE = "application/vnd.failslow.v2-bundle"
+MAX_BUNDLE_ITEMS = 4096
 OPS: tuple[Op, ...] = tuple(Op)  # op code -> op
 OP_CODE = {op: i for i, op in enumerate(OPS)}
 NO_END = -1  # end_ns of a call still in flight
@@ -237,3 +240,39 @@ def encode_records(
             w = s.get("work")
             st["work"].append(float("nan") if w is None else w)
     return encode(header, cols, st)
+
+
+def encode_bundle(bodies: list[bytes]) -> bytes:
+    """Several v2 bodies in one request body (``POST /v2/ingest/bundle``, docs/ingest-v2.md)::
+
+        b"FSLB" | uint32 LE count N | N x (uint32 LE length L | L bytes: one v2 body)
+    """
+    if not 0 < len(bodies) <= MAX_BUNDLE_ITEMS:
+        raise ValueError(f"a bundle holds 1 to {MAX_BUNDLE_ITEMS} bodies, not {len(bodies)}")
+    parts = [BUNDLE_MAGIC, struct.pack("<I", len(bodies))]
+    for body in bodies:
+        parts += [struct.pack("<I", len(body)), body]
+    return b"".join(parts)
+
+
+def decode_bundle(body: bytes) -> list[bytes]:
+    """The v2 bodies of a bundle, each still to be checked on its own (:func:`decode_header`);
+    raises :class:`FormatError` when the framing is wrong (the whole bundle is rejected)."""
+    if len(body) < 8 or body[:4] != BUNDLE_MAGIC:
+        raise FormatError("not a v2 bundle (magic FSLB missing)")
+    (count,) = struct.unpack_from("<I", body, 4)
+    if not 0 < count <= MAX_BUNDLE_ITEMS:
+        raise FormatError(f"a bundle holds 1 to {MAX_BUNDLE_ITEMS} bodies, not {count}")
+    out, offset, n = [], 8, len(body)
+    for i in range(count):
+        if offset + 4 > n:
+            raise FormatError(f"the bundle ends before body {i}")
+        (size,) = struct.unpack_from("<I", body, offset)
+        offset += 4
+        if offset + size > n:
+            raise FormatError(f"body {i} ({size} bytes) does not fit the bundle")
+        out.append(body[offset : offset + size])
+        offset += size
+    if offset != n:
+        raise FormatError(f"{n - offset} bytes after the last body")
+    return out

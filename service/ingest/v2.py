@@ -168,29 +168,40 @@ async def handle_v2(
     async def rest(taken: tuple[bytes, int, str]) -> ApplyResult:
         body, received, encoding = taken
         ctx.metrics.received(encoding, received)
-        try:
-            header, layout = v2.decode_header(body)
-        except v2.FormatError as exc:
-            raise InvalidEnvelope(str(exc)) from None
-        _check_header(header)
-        allow(scope, header["job"])  # a token scoped to other jobs: 403
-        try:
-            if ctx.bus is not None:
-                return await publish_v2(ctx.bus, header, body)
-            state = job_state(ctx.jobs, header["job"])
-            check_queue(ctx, len(body))
-            return await ctx.committer.apply_v2(state, header, body, layout)
-        except columnar.UnknownTopology as exc:
-            raise UnknownTopology(
-                str(exc), errors=[{"loc": "header.topology", "msg": exc.digest}]
-            ) from None
+        return await accept_v2(ctx, body, scope)
 
     result = await admit(ctx, read, rest)
+    return orjson.dumps(answer_of(ctx, result))
+
+
+async def accept_v2(ctx: AppContext, body: bytes, scope: list[str] | None) -> ApplyResult:
+    """One decompressed v2 body, from its header to its result (raises the FailslowError it
+    is answered with); shared by ``POST /v2/ingest`` and each body of a bundle."""
+    try:
+        header, layout = v2.decode_header(body)
+    except v2.FormatError as exc:
+        raise InvalidEnvelope(str(exc)) from None
+    _check_header(header)
+    allow(scope, header["job"])  # a token scoped to other jobs: 403
+    try:
+        if ctx.bus is not None:
+            return await publish_v2(ctx.bus, header, body)
+        state = job_state(ctx.jobs, header["job"])
+        check_queue(ctx, len(body))
+        return await ctx.committer.apply_v2(state, header, body, layout)
+    except columnar.UnknownTopology as exc:
+        raise UnknownTopology(
+            str(exc), errors=[{"loc": "header.topology", "msg": exc.digest}]
+        ) from None
+
+
+def answer_of(ctx: AppContext, result: ApplyResult) -> dict[str, Any]:
+    """The JSON answer to an accepted v2 body (IngestResult)."""
     answer: dict[str, Any] = {"accepted": result.accepted, "duplicates": result.duplicates,
                               "rejected": result.rejected}  # fmt: skip
     if ctx.bus is not None:
         answer["queued"] = True
-    return orjson.dumps(answer)
+    return answer
 
 
 __all__ = ["CommIn", "RankIn", "TopologyIn", "router"]

@@ -113,3 +113,37 @@ def test_partitions_interleave_in_the_stream_without_loss(client: TestClient) ->
     metrics = client.get("/metrics").text
     assert "failslow_bus_failed_total 0.0" in metrics
     assert "failslow_bus_expired_total 0.0" in metrics
+
+
+def test_a_bundle_through_the_bus(client: TestClient) -> None:
+    """``POST /v2/ingest/bundle`` with a bus: each body is published in bundle order (one
+    agent's batches stay in order), answered queued or refused on its own, and applied by the
+    owner once. (Job jb, agent b1: the streams of this module's tests may share a name.)"""
+    _, h1 = two_hosts()
+    digest = client.put("/v2/jobs/jb/topology/h1", json={"sent_ns": T0, **h1}).json()["digest"]
+    steps = {"rank": [], "step": [], "start_ns": [], "end_ns": []}
+
+    def body(seq: int, digest: str = digest) -> bytes:
+        cols = {"rank": [2, 3], "comm": [0, 0], "seq": [seq] * 2, "op": [0, 0], "bytes": [8, 8],
+                "start_ns": [T0 + seq * MS] * 2, "end_ns": [T0 + (seq + 1) * MS] * 2,
+                "peer": [v2.NO_PEER] * 2}  # fmt: skip
+        header = {"job": "jb", "host": "h1", "sent_ns": T0 + (seq + 1) * MS, "agent": "b1",
+                  "batch_seq": seq, "topology": digest}  # fmt: skip
+        return v2.encode(header, cols, steps)
+
+    bundle = v2.encode_bundle([body(1), body(2), body(2), body(3, "0" * 16)])
+    r = client.post("/v2/ingest/bundle", content=bundle,
+                    headers={"Content-Type": v2.BUNDLE_MEDIA_TYPE})  # fmt: skip
+    items = r.json()["items"]
+    assert r.status_code == 200 and items[0] == items[1] == {
+        "accepted": 2, "duplicates": 0, "rejected": [], "queued": True}  # fmt: skip
+    assert items[2] == {"accepted": 0, "duplicates": 2, "rejected": [], "queued": True}
+    assert items[3]["status"] == 409 and items[3]["type"].endswith("/unknown-topology")
+
+    def applied() -> dict | None:  # type: ignore[type-arg]
+        d = client.get("/v1/jobs/jb")
+        return d.json() if d.status_code == 200 and "h1" in d.json()["ingest"] else None
+
+    detail = wait_for(applied, timeout=15)
+    assert detail and detail["ingest"]["h1"]["accepted"] == 4
+    assert detail["ingest"]["h1"]["duplicates"] == 0  # the re-sent batch never reached the owner

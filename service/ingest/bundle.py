@@ -1,0 +1,156 @@
+"""``POST /v2/ingest/bundle``: many v2 bodies in one request (docs/ingest-v2.md, section 2b).
+
+What one request costs the service whatever it carries (HTTP, the request's Python, gzip, the
+wait for the group commit) is several times what applying a host's 240 records costs, so a
+sender that holds several hosts' envelopes — a relay in front of a rack, a replay tool — sends
+them together. Each body is checked, applied and answered exactly as if it had come alone
+(:func:`failslow.service.ingest.v2.accept_v2`): the answer lists, in bundle order, either its
+IngestResult or the problem it would have been answered with. Only a bundle whose framing,
+media type, size or token is wrong is refused whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, Field
+
+from failslow.service.auth import job_scope
+from failslow.service.context import AppContext, CtxDep, IngestAuth
+from failslow.service.errors import TYPE_BASE, FailslowError, InvalidEnvelope
+from failslow.service.ingest.admission import admit, record_metrics
+from failslow.service.ingest.decode import read_body
+from failslow.service.ingest.schemas import Rejection
+from failslow.service.ingest.v2 import accept_v2, answer_of
+from failslow.service.stream.state import ApplyResult
+from failslow.wire import v2
+
+log = logging.getLogger(__name__)
+router = APIRouter(tags=["ingest"])
+
+
+class BundleItem(BaseModel):
+    """One body's answer: its IngestResult, or the problem it was refused with."""
+
+    accepted: int | None = Field(default=None, description="As in IngestResult.")
+    duplicates: int | None = Field(default=None, description="As in IngestResult.")
+    rejected: list[Rejection] | None = Field(default=None, description="As in IngestResult.")
+    queued: bool | None = Field(default=None, description="As in IngestResult.")
+    status: int | None = Field(
+        default=None, description="Set when the body was refused: the HTTP status it would "
+        "have been answered with alone (400, 403, 409, 429, 503, ...).",
+    )  # fmt: skip
+    type: str | None = None
+    title: str | None = None
+    detail: str | None = None
+    errors: list[dict[str, Any]] | None = None
+    retry_after_s: int | None = Field(
+        default=None, description="With 429 and 503: when to send this body again."
+    )
+
+
+class BundleResult(BaseModel):
+    items: list[BundleItem] = Field(description="One answer per body, in bundle order.")
+
+
+BUNDLE_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {v2.BUNDLE_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}},
+        "description": "b'FSLB', uint32 LE count, then per body its uint32 LE length and the "
+        "v2 body (docs/ingest-v2.md); optionally with Content-Encoding: gzip over the whole.",
+    }
+}
+
+
+def _refused(exc: FailslowError) -> dict[str, Any]:
+    item: dict[str, Any] = {"status": exc.status, "type": TYPE_BASE + exc.slug,
+                            "title": exc.title, "detail": exc.detail}  # fmt: skip
+    if exc.errors:
+        item["errors"] = exc.errors
+    retry = (exc.headers or {}).get("Retry-After")
+    if retry is not None and retry.isdigit():
+        item["retry_after_s"] = int(retry)
+    return item
+
+
+def _bug(exc: BaseException) -> dict[str, Any]:
+    """A body that failed by a bug, not by the client: answered as a 500 with an id that the
+    log line carries too (as :func:`~failslow.service.errors.unexpected_problem`)."""
+    correlation = uuid.uuid4().hex[:16]
+    log.error("bundle: a body failed unexpectedly [correlation_id=%s]", correlation,
+              exc_info=exc)  # fmt: skip
+    return {"status": 500, "type": TYPE_BASE + "internal", "title": "Internal error",
+            "detail": "an unexpected error; the service log has it under correlation id "
+            f"{correlation}"}  # fmt: skip
+
+
+async def accept_bundle(ctx: AppContext, bodies: list[bytes], scope: list[str] | None) -> list[
+    dict[str, Any]
+]:  # fmt: skip
+    """Every body of a bundle, answered in order. Without a bus the bodies are queued for the
+    next group commit in bundle order (each is queued before the next one starts), so one
+    agent's batches in one bundle are applied in the order they were put in; with a bus they
+    are published one after another for the same reason."""
+    if ctx.bus is None:
+        outcomes = await asyncio.gather(
+            *(accept_v2(ctx, b, scope) for b in bodies), return_exceptions=True
+        )
+    else:
+        outcomes = []
+        for b in bodies:
+            try:
+                outcomes.append(await accept_v2(ctx, b, scope))
+            except Exception as exc:  # noqa: BLE001 - answered per body below
+                outcomes.append(exc)
+    items = []
+    for out in outcomes:
+        if isinstance(out, ApplyResult):
+            record_metrics(ctx.metrics, out)
+            items.append(answer_of(ctx, out))
+        elif isinstance(out, FailslowError):
+            items.append(_refused(out))
+        elif isinstance(out, BaseException):
+            items.append(_bug(out))
+    return items
+
+
+@router.post(
+    "/v2/ingest/bundle",
+    response_model=BundleResult,
+    response_model_exclude_none=True,
+    dependencies=[IngestAuth],
+    openapi_extra=BUNDLE_BODY,
+    summary="Send several v2 envelopes (any hosts, any jobs) in one request",
+    responses={
+        400: {"description": "Not a bundle (framing); nothing stored."},
+        413: {"description": "Body over the size limit."},
+        415: {"description": "Not application/vnd.failslow.v2-bundle, or another encoding."},
+        429: {"description": "Shedding load; see Retry-After."},
+    },
+)
+async def ingest_bundle(request: Request, ctx: CtxDep) -> Response:
+    scope = job_scope(request)
+    items: list[dict[str, Any]] = []
+
+    async def read() -> tuple[bytes, int, str]:
+        return await read_body(request, media_types=(v2.BUNDLE_MEDIA_TYPE,),
+                               max_bytes=ctx.settings.ingest.max_body_bytes)  # fmt: skip
+
+    async def rest(taken: tuple[bytes, int, str]) -> ApplyResult:
+        body, received, encoding = taken
+        ctx.metrics.received(encoding, received)
+        try:
+            bodies = v2.decode_bundle(body)
+        except v2.FormatError as exc:
+            raise InvalidEnvelope(str(exc)) from None
+        items.extend(await accept_bundle(ctx, bodies, scope))
+        return ApplyResult()  # each body's records were counted with it
+
+    await admit(ctx, read, rest)
+    return Response(orjson.dumps({"items": items}), media_type="application/json")
