@@ -33,7 +33,6 @@ from failslow.harness.load.job import HostTemplate, JobLayout, host_name
 from failslow.wire import topology, v2
 
 JOB = "e2e"
-V2_HEADERS = {"Content-Type": v2.MEDIA_TYPE}
 
 
 @dataclass
@@ -89,14 +88,28 @@ def _header(run: Run, h: int, step: int, digest: str, sealed_ns: int) -> dict[st
             "agent": f"{host_name(h)}-e2e", "batch_seq": step, "topology": digest}  # fmt: skip
 
 
-async def _send(run: Run, conns: list[Connection], digests: list[str]) -> None:
-    """Every host's envelope of each step at its time. Bodies are encoded (and gzipped) while
-    the step before runs, in slices that leave the senders their turn: what the generator does
-    at a step's end is only writing what was ready, as agents whose batches are sealed do."""
+def _units(hosts: int, bundle: int) -> list[list[int]]:
+    """The hosts whose envelopes go out in one request: one each, or ``bundle`` consecutive
+    hosts per ``POST /v2/ingest/bundle`` (as a relay in front of them would send them)."""
+    size = max(1, bundle)
+    return [list(range(lo, min(lo + size, hosts))) for lo in range(0, hosts, size)]
+
+
+async def _send(
+    run: Run, conns: list[Connection], digests: list[str], units: list[list[int]]
+) -> None:
+    """Every host's envelope of each step at its time (a bundle: when its last host's is due).
+    Bodies are encoded (and gzipped) while the step before runs, in slices that leave the
+    senders their turn: what the generator does at a step's end is only writing what was
+    ready, as agents whose batches are sealed do."""
     S = run.job.step_ns / 1e9
     spread = min(0.5 * S, 0.5)
     n = len(run.hosts)
-    headers = {**V2_HEADERS, "Content-Encoding": "gzip"} if run.args.gzip else V2_HEADERS
+    bundled = run.args.bundle > 1
+    path = "/v2/ingest/bundle" if bundled else "/v2/ingest"
+    headers = {"Content-Type": v2.BUNDLE_MEDIA_TYPE if bundled else v2.MEDIA_TYPE}
+    if run.args.gzip:
+        headers["Content-Encoding"] = "gzip"
     bodies: dict[int, list[bytes]] = {}
     ready = [asyncio.Event() for _ in range(run.args.steps)]
     sending = [len(conns)] * run.args.steps  # workers still sending each step's bodies
@@ -110,32 +123,42 @@ async def _send(run: Run, conns: list[Connection], digests: list[str]) -> None:
             if start > time.time():
                 await asyncio.sleep(start - time.time())
             out = []
-            for h in range(n):
-                header = _header(run, h, step, digests[h], int(due(step, h) * 1e9))
-                body = run.hosts[h].body(step, run.t0_ns, header)
+            for unit in units:
+                raw = [run.hosts[h].body(step, run.t0_ns, _header(run, h, step, digests[h],
+                                                                  int(due(step, h) * 1e9)))
+                       for h in unit]  # fmt: skip
+                body = v2.encode_bundle(raw) if bundled else raw[0]
                 out.append(gzip.compress(body, compresslevel=1) if run.args.gzip else body)
-                if h % 32 == 31:
+                if unit[-1] % 32 == 31:
                     await asyncio.sleep(0)
             bodies[step] = out
             ready[step].set()
 
+    def count(unit: list[int], step: int, status: int, answer: bytes) -> None:
+        if status != 200:
+            run.errors.append(f"{host_name(unit[0])} step {step}: {status} {answer[:200]!r}")
+            return
+        items = orjson.loads(answer)["items"] if bundled else [{}]
+        for h, item in zip(unit, items, strict=True):
+            if "status" in item:
+                run.errors.append(f"{host_name(h)} step {step}: {item['status']} "
+                                  f"{item.get('detail', '')[:200]}")  # fmt: skip
+                continue
+            run.envelopes += 1
+            run.records += run.hosts[h].records
+
     async def worker(i: int) -> None:
-        mine = list(range(i, n, len(conns)))
+        mine = list(range(i, len(units), len(conns)))
         for step in range(run.args.steps):
             await ready[step].wait()
-            for h in mine:
-                delay = due(step, h) - time.time()
+            for u in mine:
+                delay = due(step, units[u][-1]) - time.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
                 else:
                     run.behind_s = max(run.behind_s, -delay)
-                status, answer = await conns[i].request("POST", "/v2/ingest", bodies[step][h],
-                                                        headers)  # fmt: skip
-                if status != 200:
-                    run.errors.append(f"{host_name(h)} step {step}: {status} {answer[:200]!r}")
-                    continue
-                run.envelopes += 1
-                run.records += run.hosts[h].records
+                status, answer = await conns[i].request("POST", path, bodies[step][u], headers)
+                count(units[u], step, status, answer)
             sending[step] -= 1
             if not sending[step]:
                 del bodies[step]
@@ -190,7 +213,8 @@ async def _main(run: Run, fleet: Fleet | None) -> dict[str, Any]:
         await _wait_ready(url)
     if fleet is not None:
         await asyncio.to_thread(fleet.wait_owned)
-    n = len(run.hosts) if run.args.connections <= 0 else min(run.args.connections, len(run.hosts))
+    units = _units(len(run.hosts), run.args.bundle)
+    n = len(units) if run.args.connections <= 0 else min(run.args.connections, len(units))
     limit = _file_limit()
     if n + 64 > limit:
         raise SystemExit(f"{n} connections need more open files than this process may have "
@@ -208,7 +232,7 @@ async def _main(run: Run, fleet: Fleet | None) -> dict[str, Any]:
     stop = asyncio.Event()
     poller = asyncio.create_task(_poll(run, stop))
     started = time.monotonic()
-    await _send(run, conns, digests)
+    await _send(run, conns, digests, units)
     sending_s = time.monotonic() - started
     await asyncio.sleep(2.5 * run.job.step_ns / 1e9 + 1.0)  # the last frames close
     cpu_by = None
@@ -223,6 +247,7 @@ async def _main(run: Run, fleet: Fleet | None) -> dict[str, Any]:
     lags = _lags(run)
     out: dict[str, Any] = {
         "replicas": len(run.urls),
+        "bundle": run.args.bundle,
         "ranks": run.job.ranks,
         "hosts": len(run.hosts),
         "step_time_s": run.job.step_ns / 1e9,
@@ -320,6 +345,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="HTTP connections, each waiting for its answer as an agent does (default 0: one "
         "per host, as node agents have; the service and this generator each need that many "
         "file descriptors)",
+    )  # fmt: skip
+    p.add_argument(
+        "--bundle", type=int, default=1,
+        help="send this many consecutive hosts' envelopes in one POST /v2/ingest/bundle, as a "
+        "relay in front of them would (one connection per bundle); 1: one request per host",
     )  # fmt: skip
     p.add_argument("--no-gzip", dest="gzip", action="store_false", help="send bodies raw")
     p.add_argument("--json", help="write the result here")

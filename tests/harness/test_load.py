@@ -55,7 +55,7 @@ def test_envelopes_claim_the_time_they_were_sealed_not_sent() -> None:
 
     job = JobLayout(64, 100_000_000)
     hosts = [HostTemplate(job, h) for h in range(job.hosts)]
-    run = e2e.Run(argparse.Namespace(steps=3, gzip=False), job, hosts, url="http://x")
+    run = e2e.Run(argparse.Namespace(steps=3, gzip=False, bundle=1), job, hosts, url="http://x")
     run.t0_ns = time.time_ns()
     seen: list[tuple[int, int]] = []  # (sent_ns, wall ns when it went out)
 
@@ -66,7 +66,8 @@ def test_envelopes_claim_the_time_they_were_sealed_not_sent() -> None:
             return 200, b"{}"
 
     digests = [topology.digest(h.registration["ranks"], h.registration["comms"]) for h in hosts]
-    asyncio.run(e2e._send(run, [SlowConnection()], digests))  # type: ignore[list-item]
+    units = e2e._units(job.hosts, 1)
+    asyncio.run(e2e._send(run, [SlowConnection()], digests, units))  # type: ignore[list-item]
     assert len(seen) == 3 * job.hosts and run.errors == []
     behind = [wall - sent for sent, wall in seen]
     assert max(behind) > 0.1e9  # it did fall behind ...
@@ -76,11 +77,11 @@ def test_envelopes_claim_the_time_they_were_sealed_not_sent() -> None:
         assert abs(sent - due) < 1e6
 
 
-def _small_run(tmp_path: Path, replicas: int) -> dict:  # type: ignore[type-arg]
+def _small_run(tmp_path: Path, replicas: int, bundle: int = 1) -> dict:  # type: ignore[type-arg]
     """``bench e2e`` of 64 ranks, 8 steps of 0.3 s, on services it starts; its JSON."""
     args = argparse.Namespace(ranks=64, step_time=0.3, steps=8, fault=None, service=None,
                               token=None, connections=4, gzip=True, replicas=replicas,
-                              json=str(tmp_path / "out.json"))  # fmt: skip
+                              bundle=bundle, json=str(tmp_path / "out.json"))  # fmt: skip
     assert e2e.main(args) == 0
     return json.loads((tmp_path / "out.json").read_text())  # type: ignore[no-any-return]
 
@@ -92,6 +93,21 @@ def test_a_small_run_through_a_real_service(tmp_path: Path) -> None:
     assert out["envelopes"] == 8 * 8 and out["frames_timed"] >= 3
     assert out["service_cpu_s"] > 0 and out["rss_mib"] > 0
     assert out["lag_steps_max"] is not None and out["other_incidents"] == []
+
+
+def test_a_small_run_in_bundles(tmp_path: Path) -> None:
+    """``--bundle 4``: two requests per step carry the 8 hosts' envelopes (POST
+    /v2/ingest/bundle); every envelope is answered on its own and counted once."""
+    out = _small_run(tmp_path, replicas=1, bundle=4)
+    per_step = sum(HostTemplate(JobLayout(64, 300_000_000), h).records for h in range(8))
+    assert out["bundle"] == 4 and out["errors"] == 0 and out["records"] == 8 * per_step
+    assert out["envelopes"] == 8 * 8 and out["frames_timed"] >= 3
+    assert out["other_incidents"] == []
+
+
+def test_bundles_group_consecutive_hosts() -> None:
+    assert e2e._units(5, 1) == [[0], [1], [2], [3], [4]]
+    assert e2e._units(5, 2) == [[0, 1], [2, 3], [4]]
 
 
 def test_two_replicas_on_a_bus_share_one_job(tmp_path: Path) -> None:
