@@ -4,16 +4,16 @@ What one request costs the service whatever it carries (HTTP, the request's Pyth
 wait for the group commit) is several times what applying a host's 240 records costs, so a
 sender that holds several hosts' envelopes — a relay in front of a rack, a replay tool — sends
 them together. Each body is checked, applied and answered exactly as if it had come alone
-(:func:`failslow.service.ingest.v2.accept_v2`): the answer lists, in bundle order, either its
-IngestResult or the problem it would have been answered with. Only a bundle whose framing,
-media type, size or token is wrong is refused whole.
+(:func:`failslow.service.ingest.v2.submit_v2` and ``settle_v2``, which ``accept_v2`` is): the
+answer lists, in bundle order, either its IngestResult or the problem it would have been
+answered with. Only a bundle whose framing, media type, size or token is wrong is refused whole.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
+from collections.abc import Awaitable
 from typing import Any
 
 import orjson
@@ -26,7 +26,7 @@ from failslow.service.errors import TYPE_BASE, FailslowError, InvalidEnvelope
 from failslow.service.ingest.admission import admit, record_metrics
 from failslow.service.ingest.decode import read_body
 from failslow.service.ingest.schemas import Rejection
-from failslow.service.ingest.v2 import accept_v2, answer_of
+from failslow.service.ingest.v2 import answer_of, settle_v2, submit_v2
 from failslow.service.stream.state import ApplyResult
 from failslow.wire import v2
 
@@ -90,34 +90,38 @@ def _bug(exc: BaseException) -> dict[str, Any]:
             f"{correlation}"}  # fmt: skip
 
 
-async def accept_bundle(ctx: AppContext, bodies: list[bytes], scope: list[str] | None) -> list[
-    dict[str, Any]
-]:  # fmt: skip
-    """Every body of a bundle, answered in order. Without a bus the bodies are queued for the
-    next group commit in bundle order (each is queued before the next one starts), so one
-    agent's batches in one bundle are applied in the order they were put in; with a bus they
-    are published one after another for the same reason."""
-    if ctx.bus is None:
-        outcomes = await asyncio.gather(
-            *(accept_v2(ctx, b, scope) for b in bodies), return_exceptions=True
-        )
-    else:
-        outcomes = []
-        for b in bodies:
-            try:
-                outcomes.append(await accept_v2(ctx, b, scope))
-            except Exception as exc:  # noqa: BLE001 - answered per body below
-                outcomes.append(exc)
+async def accept_bundle(
+    ctx: AppContext, bodies: list[bytes], scope: list[str] | None
+) -> list[dict[str, Any]]:
+    """Every body of a bundle, answered in order. Without a bus every body is checked and
+    queued for the next group commit first, in bundle order, then the answers are gathered (no
+    task per body); with a bus each is published before the next is looked at. Either way one
+    agent's batches in one bundle are applied in the order they were put in."""
+    pending: list[Awaitable[ApplyResult] | BaseException] = []
+    for body in bodies:
+        try:
+            p = submit_v2(ctx, body, scope)
+            pending.append(p if ctx.bus is None else await _settled(p))
+        except Exception as exc:  # noqa: BLE001 - answered per body below
+            pending.append(exc)
     items = []
-    for out in outcomes:
+    for p in pending:
+        out = p if isinstance(p, BaseException | ApplyResult) else await _settled(p)
         if isinstance(out, ApplyResult):
             record_metrics(ctx.metrics, out)
             items.append(answer_of(ctx, out))
         elif isinstance(out, FailslowError):
             items.append(_refused(out))
-        elif isinstance(out, BaseException):
+        else:
             items.append(_bug(out))
     return items
+
+
+async def _settled(pending: Awaitable[ApplyResult]) -> ApplyResult | BaseException:
+    try:
+        return await settle_v2(pending)
+    except Exception as exc:  # noqa: BLE001 - answered per body
+        return exc
 
 
 @router.post(

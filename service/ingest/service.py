@@ -130,6 +130,13 @@ class Committer:
         once that commit is written. Raises what applying or writing raised (UnknownTopology,
         Unavailable). The group costs a fraction per envelope of one applied alone; the answer
         waits for the commit either way."""
+        return await self.queue_v2(state, header, body, layout)
+
+    def queue_v2(
+        self, state: JobState, header: dict[str, Any], body: bytes, layout: Layout
+    ) -> asyncio.Future[ApplyResult]:
+        """:meth:`apply_v2` without the wait: queued now, in call order; the future gets the
+        result (or the error) once the commit that carries it is written."""
         fut: asyncio.Future[ApplyResult] = asyncio.get_running_loop().create_future()
         entry = self._queued.get(id(state))  # the entry holds the state: its id stays its own
         if entry is None:
@@ -137,7 +144,7 @@ class Committer:
         entry[1].append(Queued(header, body, layout, fut))
         self.queued_bytes += len(body)
         self._kick()
-        return await fut
+        return fut
 
     def _kick(self) -> None:
         if self._wake is None:

@@ -176,19 +176,32 @@ async def handle_v2(
 
 async def accept_v2(ctx: AppContext, body: bytes, scope: list[str] | None) -> ApplyResult:
     """One decompressed v2 body, from its header to its result (raises the FailslowError it
-    is answered with); shared by ``POST /v2/ingest`` and each body of a bundle."""
+    is answered with); ``POST /v2/ingest``."""
+    return await settle_v2(submit_v2(ctx, body, scope))
+
+
+def submit_v2(ctx: AppContext, body: bytes, scope: list[str] | None) -> Awaitable[ApplyResult]:
+    """Check one decompressed v2 body and hand it on without waiting: queued for the next
+    group commit (a future), or with a bus the publication still to be awaited. Raises the
+    FailslowError of a body refused at once. Bodies submitted one after another are applied
+    in that order."""
     try:
         header, layout = v2.decode_header(body)
     except v2.FormatError as exc:
         raise InvalidEnvelope(str(exc)) from None
     _check_header(header)
     allow(scope, header["job"])  # a token scoped to other jobs: 403
+    if ctx.bus is not None:
+        return publish_v2(ctx.bus, header, body)
+    state = job_state(ctx.jobs, header["job"])
+    check_queue(ctx, len(body))
+    return ctx.committer.queue_v2(state, header, body, layout)
+
+
+async def settle_v2(pending: Awaitable[ApplyResult]) -> ApplyResult:
+    """The result of a submitted body (raises the FailslowError it is answered with)."""
     try:
-        if ctx.bus is not None:
-            return await publish_v2(ctx.bus, header, body)
-        state = job_state(ctx.jobs, header["job"])
-        check_queue(ctx, len(body))
-        return await ctx.committer.apply_v2(state, header, body, layout)
+        return await pending
     except columnar.UnknownTopology as exc:
         raise UnknownTopology(
             str(exc), errors=[{"loc": "header.topology", "msg": exc.digest}]
