@@ -134,6 +134,17 @@ def problem(
     headers: dict[str, str] | None = None,
     extra: dict[str, Any] | None = None,
 ) -> JSONResponse:
+    body = problem_fields(status, slug, title, detail, errors=errors, extra=extra)
+    if instance:
+        body["instance"] = instance
+    return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
+
+
+def problem_fields(
+    status: int, slug: str, title: str, detail: str, *,
+    errors: list[dict[str, Any]] | None = None, extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """The fields of a problem+json body (without ``instance``)."""
     body: dict[str, Any] = {
         "type": TYPE_BASE + slug,
         "title": title,
@@ -141,11 +152,30 @@ def problem(
         "detail": detail,
         **(extra or {}),
     }
-    if instance:
-        body["instance"] = instance
     if errors:
         body["errors"] = errors
-    return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
+    return body
+
+
+def error_fields(exc: FailslowError) -> dict[str, Any]:
+    """The problem fields of one of our own errors (without ``instance``)."""
+    return problem_fields(exc.status, exc.slug, exc.title, exc.detail, errors=exc.errors)
+
+
+def log_unexpected(what: str, exc: BaseException) -> str:
+    """Log a bug with a new correlation id; the id, for the answer to carry."""
+    correlation = uuid.uuid4().hex[:16]
+    log.error("unhandled error on %s [correlation_id=%s]", what, correlation, exc_info=exc)
+    return correlation
+
+
+def unexpected_fields(correlation: str) -> dict[str, Any]:
+    """The problem fields of the answer to a bug logged under ``correlation``."""
+    return problem_fields(
+        500, "internal", "Internal error",
+        f"an unexpected error; the service log has it under correlation id {correlation}",
+        extra={"correlation_id": correlation},
+    )  # fmt: skip
 
 
 def domain_problem(request: Request, exc: FailslowError) -> JSONResponse:
@@ -156,18 +186,10 @@ def domain_problem(request: Request, exc: FailslowError) -> JSONResponse:
 def unexpected_problem(method: str, path: str, exc: BaseException) -> JSONResponse:
     """The answer to a bug, not a client error: it carries an id that the log line carries
     too, so an operator can find the traceback from what a user reports."""
-    correlation = uuid.uuid4().hex[:16]
-    log.error("unhandled error on %s %s [correlation_id=%s]", method, path, correlation,
-              exc_info=exc)  # fmt: skip
-    return problem(
-        500,
-        "internal",
-        "Internal error",
-        f"an unexpected error; the service log has it under correlation id {correlation}",
-        instance=path,
-        headers={"X-Correlation-Id": correlation},
-        extra={"correlation_id": correlation},
-    )
+    correlation = log_unexpected(f"{method} {path}", exc)
+    body = unexpected_fields(correlation) | {"instance": path}
+    return JSONResponse(body, status_code=500, media_type=PROBLEM,
+                        headers={"X-Correlation-Id": correlation})  # fmt: skip
 
 
 def error_problem(path: str, exc: FailslowError) -> JSONResponse:

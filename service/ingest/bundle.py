@@ -11,8 +11,6 @@ answered with. Only a bundle whose framing, media type, size or token is wrong i
 
 from __future__ import annotations
 
-import logging
-import uuid
 from collections.abc import Awaitable
 from typing import Any
 
@@ -22,7 +20,13 @@ from pydantic import BaseModel, Field
 
 from failslow.service.auth import job_scope
 from failslow.service.context import AppContext, CtxDep, IngestAuth
-from failslow.service.errors import TYPE_BASE, FailslowError, InvalidEnvelope
+from failslow.service.errors import (
+    FailslowError,
+    InvalidEnvelope,
+    error_fields,
+    log_unexpected,
+    unexpected_fields,
+)
 from failslow.service.ingest.admission import admit, record_metrics
 from failslow.service.ingest.decode import read_body
 from failslow.service.ingest.schemas import Rejection
@@ -30,7 +34,6 @@ from failslow.service.ingest.v2 import answer_of, settle_v2, submit_v2
 from failslow.service.stream.state import ApplyResult
 from failslow.wire import v2
 
-log = logging.getLogger(__name__)
 router = APIRouter(tags=["ingest"])
 
 
@@ -49,6 +52,9 @@ class BundleItem(BaseModel):
     title: str | None = None
     detail: str | None = None
     errors: list[dict[str, Any]] | None = None
+    correlation_id: str | None = Field(
+        default=None, description="With 500: the id of the service log's line about it."
+    )
     retry_after_s: int | None = Field(
         default=None, description="With 429 and 503: when to send this body again."
     )
@@ -69,10 +75,8 @@ BUNDLE_BODY = {
 
 
 def _refused(exc: FailslowError) -> dict[str, Any]:
-    item: dict[str, Any] = {"status": exc.status, "type": TYPE_BASE + exc.slug,
-                            "title": exc.title, "detail": exc.detail}  # fmt: skip
-    if exc.errors:
-        item["errors"] = exc.errors
+    """A refused body's answer: its problem's fields, and when to retry (429, 503)."""
+    item = error_fields(exc)
     retry = (exc.headers or {}).get("Retry-After")
     if retry is not None and retry.isdigit():
         item["retry_after_s"] = int(retry)
@@ -80,14 +84,9 @@ def _refused(exc: FailslowError) -> dict[str, Any]:
 
 
 def _bug(exc: BaseException) -> dict[str, Any]:
-    """A body that failed by a bug, not by the client: answered as a 500 with an id that the
-    log line carries too (as :func:`~failslow.service.errors.unexpected_problem`)."""
-    correlation = uuid.uuid4().hex[:16]
-    log.error("bundle: a body failed unexpectedly [correlation_id=%s]", correlation,
-              exc_info=exc)  # fmt: skip
-    return {"status": 500, "type": TYPE_BASE + "internal", "title": "Internal error",
-            "detail": "an unexpected error; the service log has it under correlation id "
-            f"{correlation}"}  # fmt: skip
+    """A body that failed by a bug, not by the client: answered as a 500 whose correlation id
+    the log line carries too (as :func:`~failslow.service.errors.unexpected_problem`)."""
+    return unexpected_fields(log_unexpected("a body of POST /v2/ingest/bundle", exc))
 
 
 async def accept_bundle(
