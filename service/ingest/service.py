@@ -122,21 +122,14 @@ class Committer:
         self._kick()
         await fut
 
-    async def apply_v2(
-        self, state: JobState, header: dict[str, Any], body: bytes, layout: Layout
-    ) -> ApplyResult:
-        """Apply a v2 envelope (header checked) together with every other of its job that
-        comes before the next commit (:func:`v2apply.apply_v2_many`), and return its result
-        once that commit is written. Raises what applying or writing raised (UnknownTopology,
-        Unavailable). The group costs a fraction per envelope of one applied alone; the answer
-        waits for the commit either way."""
-        return await self.queue_v2(state, header, body, layout)
-
     def queue_v2(
         self, state: JobState, header: dict[str, Any], body: bytes, layout: Layout
     ) -> asyncio.Future[ApplyResult]:
-        """:meth:`apply_v2` without the wait: queued now, in call order; the future gets the
-        result (or the error) once the commit that carries it is written."""
+        """Queue a v2 envelope (header checked), in call order, to be applied together with
+        every other of its job that comes before the next commit (:func:`v2apply.apply_v2_many`);
+        the future gets its result once that commit is written, or what applying or writing
+        raised (UnknownTopology, Unavailable). The group costs a fraction per envelope of one
+        applied alone; the answer waits for the commit either way."""
         fut: asyncio.Future[ApplyResult] = asyncio.get_running_loop().create_future()
         entry = self._queued.get(id(state))  # the entry holds the state: its id stays its own
         if entry is None:
