@@ -244,7 +244,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
             if ownership is not None:
-                await hand_over(ownership, ctx.bus, settings.bus.shutdown_timeout_s)  # type: ignore[arg-type]
+                await hand_over(ownership, ctx.bus, settings.bus.shutdown_timeout_s)
             if ctx.lease is not None and not ctx.lease.lost:
                 with contextlib.suppress(Exception):  # it expires anyway
                     await run_in_threadpool(ctx.lease.release)

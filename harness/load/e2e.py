@@ -122,14 +122,16 @@ async def _send(
             start = run.t0_ns / 1e9 + step * S  # the step's records exist from its start on
             if start > time.time():
                 await asyncio.sleep(start - time.time())
-            out = []
+            out, encoded = [], 0
             for unit in units:
                 raw = [run.hosts[h].body(step, run.t0_ns, _header(run, h, step, digests[h],
                                                                   int(due(step, h) * 1e9)))
                        for h in unit]  # fmt: skip
                 body = v2.encode_bundle(raw) if bundled else raw[0]
                 out.append(gzip.compress(body, compresslevel=1) if run.args.gzip else body)
-                if unit[-1] % 32 == 31:
+                encoded += len(unit)
+                if encoded >= 32:  # the senders' turn about every 32 hosts, bundled or not
+                    encoded = 0
                     await asyncio.sleep(0)
             bodies[step] = out
             ready[step].set()
