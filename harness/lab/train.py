@@ -172,6 +172,16 @@ def _stop_at(path: str | None) -> int | None:
         return None
 
 
+# What main() made of torch's: DDP and its reducer, the optimizer, the model and the process
+# groups. Freeing them when main() returns can deadlock: a group's destructor joins its gloo
+# worker threads while holding the GIL, and a worker that still has a Python object to release
+# waits for the GIL (a rank that had finished every step and passed the final barrier never
+# exited, about once in three full test runs in CI: faulthandler showed only the main thread on
+# ``code = main()`` and a gloo thread with no Python frame). Kept here, they are never freed: the
+# process ends with os._exit (below).
+_NEVER_FREED: list[object] = []
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: where is it stuck?
@@ -246,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         if finished:  # no rank tears down while a peer's last send or all-reduce is in flight
             dist.monitored_barrier(timeout=datetime.timedelta(seconds=60))
         dist.destroy_process_group()
+        # never freed: see _NEVER_FREED
+        _NEVER_FREED.extend((ddp, opt, model, dp_group, my_dp, my_tp, inst))
     return 0
 
 
@@ -285,11 +297,8 @@ def _train_step(
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     code = main()
-    # Everything of ours is flushed and closed: skip the interpreter's teardown. Freeing the
-    # model and its process groups there can deadlock (a gloo worker thread waits for the GIL
-    # that the main thread holds while it destroys that thread's group): a rank that had
-    # finished every step never exited, in about one full test run in three
-    # (tests/harness/lab/test_train.py; faulthandler showed the main thread at this line).
+    # Everything of ours is flushed and closed: skip the interpreter's teardown, which would
+    # free what _NEVER_FREED keeps (and, before it, deadlocked the same way).
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
