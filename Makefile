@@ -42,7 +42,7 @@ torch: $(STAMP)
 	  else echo "no local PyTorch wheel: the agents.torch tests will be skipped"; fi
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check cli service agents detectors harness wire migrations tests bench examples scripts
+	$(VENV)/bin/ruff check cli service agents relay detectors harness wire migrations tests bench examples scripts
 	$(VENV)/bin/lint-imports --no-cache
 
 bench: $(STAMP)

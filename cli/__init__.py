@@ -1,4 +1,5 @@
-"""The ``failslow`` command line: serve, db, token, eval, agent, simulate, replay, demo, lab.
+"""The ``failslow`` command line: serve, db, token, eval, agent, relay, simulate, replay, demo,
+lab.
 
 The composition root of the commands: it sits above the service, the agents and the harness and
 imports each lazily, inside the commands that need it, so that none of them depends on another
@@ -142,8 +143,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from failslow.agents.cli import register as register_agent_commands  # noqa: PLC0415
     from failslow.harness.cli import register as register_harness_commands  # noqa: PLC0415
+    from failslow.relay.cli import register as register_relay_command  # noqa: PLC0415
 
     register_agent_commands(sub)
+    register_relay_command(sub)
     register_harness_commands(sub)
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -154,4 +157,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
-

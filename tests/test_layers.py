@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = {"cli": "cli", "service": "service", "agents": "agents", "detectors": "detectors",
-           "harness": "harness", "migrations": "migrations", "wire": "wire"}  # fmt: skip
+FOLDERS = {"cli": "cli", "service": "service", "agents": "agents", "relay": "relay",
+           "detectors": "detectors", "harness": "harness", "migrations": "migrations",
+           "wire": "wire"}  # fmt: skip
 LINT = [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command as c; "
         "sys.exit(c.main(sys.argv[1:], standalone_mode=False))"]  # fmt: skip
 
@@ -70,6 +71,9 @@ def test_the_copy_is_what_is_checked(tree: Path) -> None:
         ("agents/spool.py", "import failslow.service.db", "failslow.agents.spool"),
         # the core knows no SQL
         ("service/stream/topology.py", "import sqlalchemy", "sqlalchemy"),
+        # the relay speaks the wire, not the service's code or its framework
+        ("relay/batcher.py", "import failslow.service.errors", "failslow.relay.batcher"),
+        ("relay/app.py", "import fastapi", "fastapi"),
     ],  # fmt: skip
 )
 def test_a_back_import_breaks_a_contract(tree: Path, module: str, line: str, broken: str) -> None:

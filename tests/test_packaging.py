@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = ("cli", "service", "agents", "detectors", "harness", "migrations", "wire")
+FOLDERS = ("cli", "service", "agents", "relay", "detectors", "harness", "migrations", "wire")
 TOP_LEVEL = ("cli", "service", "agents", "detectors", "harness", "migrations", "wire")
 
 

@@ -41,7 +41,9 @@ class Run:
     job: JobLayout
     hosts: list[HostTemplate]
     url: str  # the first service: the poller reads it
-    urls: list[str] = field(default_factory=list)  # every service: connections spread over them
+    urls: list[str] = field(default_factory=list)  # where connections go, spread over them:
+    # every service, or the relays in front of it
+    services: int = 1
     t0_ns: int = 0
     records: int = 0
     envelopes: int = 0
@@ -229,6 +231,7 @@ async def _main(run: Run, fleet: Fleet | None) -> dict[str, Any]:
     print(f"registered in {time.monotonic() - t:.1f} s", file=sys.stderr, flush=True)
     digests = [topology.digest(h.registration["ranks"], h.registration["comms"]) for h in run.hosts]
     cpu0 = fleet.cpu_s() if fleet is not None else None
+    relay0 = fleet.relay_cpu_s() if fleet is not None else 0.0
     own0 = time.process_time()
     run.t0_ns = time.time_ns() + 1_000_000_000
     stop = asyncio.Event()
@@ -241,6 +244,8 @@ async def _main(run: Run, fleet: Fleet | None) -> dict[str, Any]:
     if fleet is not None and cpu0 is not None:
         cpu_by = {k: round(v - cpu0[k], 2) for k, v in fleet.cpu_s().items()}
     cpu = sum(cpu_by.values()) if cpu_by is not None else None
+    relay_cpu = fleet.relay_cpu_s() - relay0 if fleet is not None else 0.0
+    relays = fleet.relay_status() if fleet is not None and fleet.relays else []
     own = time.process_time() - own0
     stop.set()
     await poller
@@ -248,7 +253,7 @@ async def _main(run: Run, fleet: Fleet | None) -> dict[str, Any]:
         await c.close()
     lags = _lags(run)
     out: dict[str, Any] = {
-        "replicas": len(run.urls),
+        "replicas": run.services,
         "bundle": run.args.bundle,
         "ranks": run.job.ranks,
         "hosts": len(run.hosts),
@@ -274,6 +279,12 @@ async def _main(run: Run, fleet: Fleet | None) -> dict[str, Any]:
             out["service_cpu_s_by_process"] = cpu_by
         out["rss_mib"] = round(fleet.rss_mib(), 1)  # type: ignore[union-attr]
         out["rss_kib_per_rank"] = round(out["rss_mib"] * 1024 / run.job.ranks, 2)
+    if relays:  # the agents' requests went through relays: their CPU is not the service's
+        bundles = sum(r["bundles"] for r in relays)
+        out["relays"] = len(relays)
+        out["relay_cpu_s"] = round(relay_cpu, 2)
+        out["relay_cpu_us_per_record"] = round(relay_cpu / max(run.records, 1) * 1e6, 3)
+        out["relay_bodies_per_bundle"] = round(run.envelopes / max(bundles, 1), 1)
     if run.job.slow is not None:
         hits = [i for i in run.incidents
                 if i["kind"] == "slow_gpu" and i["ranks"] == [run.job.slow]]  # fmt: skip
@@ -305,7 +316,14 @@ def main(args: argparse.Namespace) -> int:
         else:
             fleet = Fleet(Path(tmp), log, replicas=args.replicas)
             urls = fleet.start()
-        run = Run(args, job, hosts, urls[0], urls)
+        senders = urls
+        if args.relays:
+            if fleet is None or args.bundle > 1:
+                raise SystemExit("--relays needs a service started here (no --service) and "
+                                 "no --bundle: the relays make the bundles")  # fmt: skip
+            fleet.wait_ready(urls[0])
+            senders = fleet.start_relays(args.relays, args.relay_bundle, args.relay_wait_ms)
+        run = Run(args, job, hosts, urls[0], senders, services=len(urls))
         try:
             out = asyncio.run(_main(run, fleet))
         except Exception:
@@ -353,6 +371,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="send this many consecutive hosts' envelopes in one POST /v2/ingest/bundle, as a "
         "relay in front of them would (one connection per bundle); 1: one request per host",
     )  # fmt: skip
+    p.add_argument(
+        "--relays", type=int, default=0,
+        help="start this many `failslow relay` processes in front of the service and send "
+        "every host's envelopes through them (hosts spread over them), as agents behind "
+        "per-rack relays do; their CPU is reported apart (relay_cpu_s)",
+    )  # fmt: skip
+    p.add_argument("--relay-bundle", type=int, default=64, help="the relays' --max-bundle")
+    p.add_argument("--relay-wait-ms", type=float, default=50.0,
+                   help="the relays' --max-wait-ms")  # fmt: skip
     p.add_argument("--no-gzip", dest="gzip", action="store_false", help="send bodies raw")
     p.add_argument("--json", help="write the result here")
     p.set_defaults(func=main)

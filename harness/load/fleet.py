@@ -1,6 +1,7 @@
 """The service processes a benchmark drives: one embedded service (the default), or ``replicas``
 services sharing one job's traffic through a NATS JetStream server they start with
-(docs/replicas.md). Their CPU and memory are read from /proc, summed over every process."""
+(docs/replicas.md), and optionally relays in front of them (docs/relay.md). Their CPU and memory
+are read from /proc, summed over the service's processes; the relays' CPU apart."""
 
 from __future__ import annotations
 
@@ -44,15 +45,48 @@ class Fleet:
     def __init__(self, work: Path, log: Any, *, replicas: int = 1, partitions: int = 8) -> None:
         self.work, self.log, self.replicas, self.partitions = work, log, replicas, partitions
         self.services: list[subprocess.Popen[bytes]] = []
+        self.relays: list[subprocess.Popen[bytes]] = []
         self.nats: subprocess.Popen[bytes] | None = None
         self.urls: list[str] = []
+        self.relay_urls: list[str] = []
 
     @property
     def pids(self) -> dict[str, int]:
+        """The service's processes (its replicas and NATS), not the relays in front of it."""
         out = {f"service{i}": p.pid for i, p in enumerate(self.services)}
         if self.nats is not None:
             out["nats"] = self.nats.pid
         return out
+
+    def start_relays(self, n: int, max_bundle: int, max_wait_ms: float) -> list[str]:
+        """``n`` relays (``failslow relay``) in front of the first service."""
+        for _ in range(n):
+            port = free_port()
+            self.relays.append(subprocess.Popen(
+                [sys.executable, "-m", "failslow.cli", "relay", "--upstream", self.urls[0],
+                 "--port", str(port), "--max-bundle", str(max_bundle),
+                 "--max-wait-ms", str(max_wait_ms), "--log-level", "warning"],
+                stdout=self.log, stderr=subprocess.STDOUT,
+            ))  # fmt: skip
+            self.relay_urls.append(f"http://127.0.0.1:{port}")
+        deadline = time.monotonic() + 30
+        for url in self.relay_urls:
+            while True:
+                try:
+                    if httpx.get(f"{url}/relayz", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the relay at {url} did not start")
+                time.sleep(0.1)
+        return self.relay_urls
+
+    def relay_cpu_s(self) -> float:
+        return sum(proc_cpu_s(p.pid) for p in self.relays)
+
+    def relay_status(self) -> list[dict[str, Any]]:
+        return [httpx.get(f"{url}/relayz", timeout=5).json() for url in self.relay_urls]
 
     def start(self) -> list[str]:
         env = {**os.environ, "FAILSLOW_DATABASE_URL": f"sqlite:///{self.work}/failslow.db",
@@ -81,10 +115,10 @@ class Fleet:
             ))  # fmt: skip
             self.urls.append(f"http://127.0.0.1:{port}")
             if i == 0 and self.replicas > 1:  # it migrates the database; the others wait
-                self._wait_ready(self.urls[0])
+                self.wait_ready(self.urls[0])
         return self.urls
 
-    def _wait_ready(self, url: str, timeout_s: float = 60.0) -> None:
+    def wait_ready(self, url: str, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.services[0].poll() is not None:
@@ -136,6 +170,13 @@ class Fleet:
         return sum(proc_rss_mib(pid) for pid in self.pids.values())
 
     def stop(self) -> None:
+        for p in self.relays:
+            p.terminate()
+        for p in self.relays:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
         for p in self.services:
             p.terminate()
         for p in self.services:

@@ -77,11 +77,12 @@ def test_envelopes_claim_the_time_they_were_sealed_not_sent() -> None:
         assert abs(sent - due) < 1e6
 
 
-def _small_run(tmp_path: Path, replicas: int, bundle: int = 1) -> dict:  # type: ignore[type-arg]
+def _small_run(tmp_path: Path, replicas: int, bundle: int = 1, relays: int = 0) -> dict:  # type: ignore[type-arg]
     """``bench e2e`` of 64 ranks, 8 steps of 0.3 s, on services it starts; its JSON."""
     args = argparse.Namespace(ranks=64, step_time=0.3, steps=8, fault=None, service=None,
                               token=None, connections=4, gzip=True, replicas=replicas,
-                              bundle=bundle, json=str(tmp_path / "out.json"))  # fmt: skip
+                              bundle=bundle, relays=relays, relay_bundle=64, relay_wait_ms=50.0,
+                              json=str(tmp_path / "out.json"))  # fmt: skip
     assert e2e.main(args) == 0
     return json.loads((tmp_path / "out.json").read_text())  # type: ignore[no-any-return]
 
@@ -102,6 +103,18 @@ def test_a_small_run_in_bundles(tmp_path: Path) -> None:
     per_step = sum(HostTemplate(JobLayout(64, 300_000_000), h).records for h in range(8))
     assert out["bundle"] == 4 and out["errors"] == 0 and out["records"] == 8 * per_step
     assert out["envelopes"] == 8 * 8 and out["frames_timed"] >= 3
+    assert out["other_incidents"] == []
+
+
+def test_a_small_run_through_relays(tmp_path: Path) -> None:
+    """``--relays 2``: every host's envelope goes to one of two ``failslow relay`` processes,
+    which bundle them for the service; each is answered and counted once, and the relays' CPU
+    is reported apart from the service's."""
+    out = _small_run(tmp_path, replicas=1, relays=2)
+    per_step = sum(HostTemplate(JobLayout(64, 300_000_000), h).records for h in range(8))
+    assert out["errors"] == 0 and out["records"] == 8 * per_step and out["envelopes"] == 64
+    assert out["replicas"] == 1 and out["relays"] == 2 and out["relay_cpu_s"] > 0
+    assert out["relay_bodies_per_bundle"] >= 1 and out["frames_timed"] >= 3
     assert out["other_incidents"] == []
 
 

@@ -1,0 +1,218 @@
+"""The relay's ASGI application (plain ASGI: nothing per request but what a relay must do).
+
+* ``POST /v2/ingest``: the body is read (bounded; gzip undone), checked for its media type and
+  handed to the :class:`~failslow.relay.batcher.Batcher`; the agent is answered with its own
+  item of the bundle's answer.
+* ``GET /relayz``: what the relay did (JSON); ``GET /metrics``: the same for Prometheus.
+* Anything else (topology registrations, v1 envelopes, reads): passed to the service as it came
+  (method, path, query, body and the headers that matter) and its answer passed back.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from typing import Any
+
+import httpx
+import orjson
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from failslow.relay.batcher import PROBLEM, Answer, Batcher, Outcome, RelaySettings, problem
+from failslow.wire import v2
+
+log = logging.getLogger(__name__)
+
+Scope = dict[str, Any]
+_FORWARDED = (b"authorization", b"content-type", b"content-encoding", b"accept", b"user-agent")
+
+
+class TooLarge(Exception):
+    pass
+
+
+class BadBody(Exception):
+    pass
+
+
+async def read_body(receive: Any, limit: int, gzipped: bool) -> bytes | None:
+    """The request's body, gzip undone when ``gzipped`` (``None``: the client went away);
+    raises :class:`TooLarge` past ``limit`` bytes (after decompression), :class:`BadBody` for
+    bad gzip."""
+    out = bytearray()
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS) if gzipped else None
+    received = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        received += len(chunk)
+        if received > limit:
+            raise TooLarge
+        if inflater is None:
+            out += chunk
+        else:
+            try:
+                out += inflater.decompress(chunk, limit + 1 - len(out))
+            except zlib.error as exc:
+                raise BadBody(f"bad gzip data: {exc}") from None
+            if len(out) > limit or inflater.unconsumed_tail:
+                raise TooLarge
+        if not message.get("more_body", False):
+            if inflater is not None and not inflater.eof:
+                raise BadBody("bad gzip data: truncated")
+            return bytes(out)
+
+
+class Metrics:
+    def __init__(self, counters: Any) -> None:
+        self.registry = CollectorRegistry()
+        bodies = Counter("failslow_relay_bodies", "v2 bodies answered, by outcome",
+                         ["outcome"], registry=self.registry)  # fmt: skip
+        self.bodies = {o: bodies.labels(o.value) for o in Outcome}
+        self.bundle_bodies = Histogram(
+            "failslow_relay_bundle_bodies", "Bodies per bundle sent to the service",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=self.registry,
+        )  # fmt: skip
+        self.bundle_seconds = Histogram(
+            "failslow_relay_bundle_seconds", "Time from sending a bundle to the service's answer",
+            registry=self.registry,
+        )  # fmt: skip
+        queued = Gauge("failslow_relay_queued_bytes", "Bodies' bytes waiting or in flight",
+                       registry=self.registry)  # fmt: skip
+        queued.set_function(lambda: counters.queued_bytes)
+
+    def bundle(self, n: int, seconds: float) -> None:
+        self.bundle_bodies.observe(n)
+        self.bundle_seconds.observe(seconds)
+
+
+class RelayApp:
+    def __init__(self, settings: RelaySettings, transport: httpx.AsyncBaseTransport | None = None):
+        self.settings = settings
+        self._transport = transport  # tests: the service in process
+        self.client: httpx.AsyncClient | None = None
+        self.batcher: Batcher | None = None
+        self.metrics: Metrics | None = None
+
+    async def start(self) -> None:
+        s = self.settings
+        limits = httpx.Limits(max_connections=s.max_in_flight + 16, max_keepalive_connections=32)
+        self.client = httpx.AsyncClient(timeout=s.timeout_s, limits=limits,
+                                        transport=self._transport)  # fmt: skip
+        self.batcher = Batcher(s, self.client)
+        self.metrics = Metrics(self.batcher.counters)
+        self.batcher.on_bundle = self.metrics.bundle
+
+    async def stop(self) -> None:
+        if self.batcher is not None:
+            await self.batcher.drain(self.settings.timeout_s)
+        if self.client is not None:
+            await self.client.aclose()
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        if self.batcher is None:  # run without lifespan events (an ASGI server told not to)
+            await self.start()
+        method, path = scope["method"], scope["path"]
+        if method == "POST" and path == "/v2/ingest":
+            answer = await self._ingest(scope, receive)
+            if answer is not None:
+                self.batcher.counters.bodies[answer.outcome] += 1
+                self.metrics.bodies[answer.outcome].inc()  # type: ignore[union-attr]
+        elif method == "GET" and path == "/relayz":
+            answer = Answer(200, orjson.dumps(self.status()))
+        elif method == "GET" and path == "/metrics":
+            assert self.metrics is not None
+            answer = Answer(200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST)
+        else:
+            answer = await self._proxy(scope, receive)
+        if answer is not None:
+            await _respond(send, answer)
+
+    async def _lifespan(self, receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await self.start()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def status(self) -> dict[str, Any]:
+        assert self.batcher is not None
+        c = self.batcher.counters
+        return {"upstream": self.settings.upstream, "bundles": c.bundles, "splits": c.splits,
+                "bodies": {o.value: n for o, n in c.bodies.items()},
+                "queued_bytes": c.queued_bytes, "in_flight": c.in_flight}  # fmt: skip
+
+    async def _ingest(self, scope: Scope, receive: Any) -> Answer | None:
+        assert self.batcher is not None
+        s = self.settings
+        headers = dict(scope["headers"])
+        media = headers.get(b"content-type", b"").split(b";")[0].strip().decode("latin-1")
+        encoding = headers.get(b"content-encoding", b"identity").strip().lower()
+        if media != v2.MEDIA_TYPE or encoding not in (b"identity", b"gzip"):
+            return problem(415, "unsupported-media-type", "Unsupported media type",
+                           f"POST /v2/ingest takes {v2.MEDIA_TYPE}, identity or gzip", None,
+                           Outcome.REFUSED)  # fmt: skip
+        try:
+            body = await read_body(receive, s.max_body_bytes, encoding == b"gzip")
+        except TooLarge:
+            return problem(413, "payload-too-large", "Payload too large",
+                           f"body exceeds the limit of {s.max_body_bytes} bytes", None,
+                           Outcome.REFUSED)  # fmt: skip
+        except BadBody as exc:
+            return problem(400, "invalid-envelope", "Invalid envelope", str(exc), None,
+                           Outcome.REFUSED)  # fmt: skip
+        if body is None:
+            return None
+        authorization = headers.get(b"authorization", b"").decode("latin-1")
+        return await self.batcher.submit(authorization, body)
+
+    async def _proxy(self, scope: Scope, receive: Any) -> Answer | None:
+        assert self.client is not None
+        s = self.settings
+        try:
+            body = await read_body(receive, s.max_body_bytes, gzipped=False)
+        except TooLarge:
+            return problem(413, "payload-too-large", "Payload too large",
+                           f"body exceeds the limit of {s.max_body_bytes} bytes", None,
+                           Outcome.REFUSED)  # fmt: skip
+        if body is None:
+            return None
+        url = s.upstream.rstrip("/") + scope["path"]
+        if scope.get("query_string"):
+            url += "?" + scope["query_string"].decode("latin-1")
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]
+                   if k in _FORWARDED]  # fmt: skip
+        try:
+            resp = await self.client.request(scope["method"], url, content=body, headers=headers)
+        except httpx.HTTPError as exc:
+            return problem(503, "unavailable", "Service unavailable",
+                           f"the service did not answer: {type(exc).__name__}",
+                           s.retry_after_s, Outcome.UNREACHABLE)  # fmt: skip
+        retry = resp.headers.get("retry-after")
+        return Answer(resp.status_code, resp.content,
+                      resp.headers.get("content-type", "application/octet-stream"),
+                      int(retry) if retry and retry.isdigit() else None)  # fmt: skip
+
+
+async def _respond(send: Any, answer: Answer) -> None:
+    headers = [(b"content-type", answer.content_type.encode("latin-1")),
+               (b"content-length", str(len(answer.body)).encode())]  # fmt: skip
+    if answer.retry_after_s is not None:
+        headers.append((b"retry-after", str(answer.retry_after_s).encode()))
+    await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+    await send({"type": "http.response.body", "body": answer.body})
+
+
+__all__ = ["PROBLEM", "RelayApp", "RelaySettings", "read_body"]
