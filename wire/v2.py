@@ -189,11 +189,12 @@ def concat(bodies: list[bytes], layouts: list[Layout]) -> Columns:
         return columns(bodies[0], layouts[0])
     tables: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] = ({}, {})
     first = layouts[0].columns
+    views = [memoryview(b) for b in bodies]  # slices of a view are not copies
     for i, (name, dtype, _, _) in enumerate(first):
         size = dtype.itemsize
         raw = b"".join(
-            [b[lay.columns[i][2] : lay.columns[i][2] + lay.columns[i][3] * size]
-             for b, lay in zip(bodies, layouts, strict=True)]
+            [m[lay.columns[i][2] : lay.columns[i][2] + lay.columns[i][3] * size]
+             for m, lay in zip(views, layouts, strict=True)]
         )  # fmt: skip
         table = tables[0] if i < len(_COLLECTIVE_DTYPES) else tables[1]
         table[name] = np.frombuffer(raw, dtype)

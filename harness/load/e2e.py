@@ -308,23 +308,24 @@ def main(args: argparse.Namespace) -> int:
                     late_ns=int(args.step_time * 1e9 * 0.025))  # fmt: skip
     print(f"building {job.hosts} host templates ...", file=sys.stderr, flush=True)
     hosts = [HostTemplate(job, h) for h in range(job.hosts)]
+    if args.relays and (args.service or args.bundle > 1):
+        raise SystemExit("--relays needs a service started here (no --service) and no "
+                         "--bundle: the relays make the bundles")  # fmt: skip
     fleet = None
     with tempfile.TemporaryDirectory(prefix="failslow-e2e-") as tmp, \
             open(Path(tmp) / "service.log", "wb") as log:  # fmt: skip
-        if args.service:
-            urls = [u.strip().rstrip("/") for u in args.service.split(",") if u.strip()]
-        else:
-            fleet = Fleet(Path(tmp), log, replicas=args.replicas)
-            urls = fleet.start()
-        senders = urls
-        if args.relays:
-            if fleet is None or args.bundle > 1:
-                raise SystemExit("--relays needs a service started here (no --service) and "
-                                 "no --bundle: the relays make the bundles")  # fmt: skip
-            fleet.wait_ready(urls[0])
-            senders = fleet.start_relays(args.relays, args.relay_bundle, args.relay_wait_ms)
-        run = Run(args, job, hosts, urls[0], senders, services=len(urls))
         try:
+            if args.service:
+                urls = [u.strip().rstrip("/") for u in args.service.split(",") if u.strip()]
+                senders = urls
+            else:
+                fleet = Fleet(Path(tmp), log, replicas=args.replicas)
+                urls = senders = fleet.start()
+                if args.relays:
+                    fleet.wait_ready(urls[0])
+                    senders = fleet.start_relays(args.relays, args.relay_bundle,
+                                                 args.relay_wait_ms)  # fmt: skip
+            run = Run(args, job, hosts, urls[0], senders, services=len(urls))
             out = asyncio.run(_main(run, fleet))
         except Exception:
             if fleet is not None:  # what the service said is the first thing to read

@@ -1,18 +1,20 @@
-"""``POST /v2/ingest`` answered before FastAPI.
+"""``POST /v2/ingest`` and ``POST /v2/ingest/bundle`` answered before FastAPI.
 
 At 10K ranks a service takes over a thousand envelopes a second, and what FastAPI and Starlette
 do per request (the middleware stack, routing over every route, a Request object, dependency
 solving) cost more CPU than checking and joining an envelope's records. :class:`FailslowApp`
-answers that one path itself, straight from the ASGI scope: the same token check
+answers those two paths itself, straight from the ASGI scope: the same token check
 (:func:`failslow.service.auth.authorize`), the same bounded body reader
-(:class:`~failslow.service.ingest.decode.BoundedBody`), the same handler
-(:func:`failslow.service.ingest.v2.handle_v2`) and the same problem+json answers, a correlation
-id on an unexpected error included. The FastAPI route stays: it documents the path in the
-OpenAPI schema and serves it when ``ingest.fast_path`` is off (the tests run both).
+(:class:`~failslow.service.ingest.decode.BoundedBody`), the same handlers
+(:func:`failslow.service.ingest.v2.handle_v2`, :func:`~failslow.service.ingest.bundle.
+handle_bundle`) and the same problem+json answers, a correlation id on an unexpected error
+included. The FastAPI routes stay: they document the paths in the OpenAPI schema and serve them
+when ``ingest.fast_path`` is off (the tests run both).
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI
@@ -21,12 +23,19 @@ from starlette.types import Receive, Scope, Send
 from failslow.service.auth import Role, authorize
 from failslow.service.context import AppContext
 from failslow.service.errors import FailslowError, error_problem, unexpected_problem
+from failslow.service.ingest.bundle import handle_bundle
 from failslow.service.ingest.decode import BoundedBody, check_headers, media_type
 from failslow.service.ingest.v2 import handle_v2
 from failslow.wire import v2
 
+Read = Callable[[], Awaitable[tuple[bytes, int, str]]]
+Handler = Callable[[AppContext, Read, list[str] | None], Awaitable[bytes]]
 PATH = "/v2/ingest"
-_MEDIA = (v2.MEDIA_TYPE,)
+BUNDLE_PATH = "/v2/ingest/bundle"
+ROUTES: dict[str, tuple[tuple[str, ...], Handler]] = {
+    PATH: ((v2.MEDIA_TYPE,), handle_v2),
+    BUNDLE_PATH: ((v2.BUNDLE_MEDIA_TYPE,), handle_bundle),
+}
 _JSON = (b"content-type", b"application/json")
 
 
@@ -35,19 +44,21 @@ class Disconnected(Exception):
 
 
 class FailslowApp(FastAPI):
-    """The FastAPI application, with ``POST /v2/ingest`` served ahead of it."""
+    """The FastAPI application, with the ingest paths of :data:`ROUTES` served ahead of it."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] == PATH and scope["method"] == "POST":
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in ROUTES:
             ctx: AppContext | None = getattr(self.state, "ctx", None)
             if ctx is not None and ctx.settings.ingest.fast_path:
-                await serve_v2(ctx, scope, receive, send)
+                await serve(ctx, scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
 
 
-async def serve_v2(ctx: AppContext, scope: Scope, receive: Receive, send: Send) -> None:
-    """One v2 envelope, from the ASGI scope to the answer."""
+async def serve(ctx: AppContext, scope: Scope, receive: Receive, send: Send) -> None:
+    """One v2 envelope or bundle, from the ASGI scope to the answer."""
+    path = scope["path"]
+    media_types, handler = ROUTES[path]
     content_type = encoding = authorization = ""
     length: str | None = None
     for name, value in scope["headers"]:  # ASGI header names are lower case
@@ -62,7 +73,7 @@ async def serve_v2(ctx: AppContext, scope: Scope, receive: Receive, send: Send) 
     limit = ctx.settings.ingest.max_body_bytes
 
     async def read() -> tuple[bytes, int, str]:
-        enc = check_headers(media_type(content_type), encoding, length, media_types=_MEDIA,
+        enc = check_headers(media_type(content_type), encoding, length, media_types=media_types,
                             max_bytes=limit)  # fmt: skip
         body = BoundedBody(enc, limit)
         while True:
@@ -75,14 +86,14 @@ async def serve_v2(ctx: AppContext, scope: Scope, receive: Receive, send: Send) 
 
     try:
         job_scope = authorize(authorization, ctx.settings.auth, Role.INGEST)
-        answer = await handle_v2(ctx, read, job_scope)
+        answer = await handler(ctx, read, job_scope)
     except Disconnected:
         return
     except FailslowError as exc:
-        await error_problem(PATH, exc)(scope, receive, send)
+        await error_problem(path, exc)(scope, receive, send)
         return
     except Exception as exc:  # noqa: BLE001 - a bug: answered as FastAPI's handler would
-        await unexpected_problem("POST", PATH, exc)(scope, receive, send)
+        await unexpected_problem("POST", path, exc)(scope, receive, send)
         return
     head: dict[str, Any] = {
         "type": "http.response.start", "status": 200,

@@ -148,7 +148,7 @@ async def register_topology(
     },
 )
 async def ingest_v2(request: Request, ctx: CtxDep) -> Response:
-    # served by fastpath.serve_v2 unless ingest.fast_path is off; documented and tested here
+    # served by fastpath.serve unless ingest.fast_path is off; documented and tested here
     async def read() -> tuple[bytes, int, str]:
         return await read_body(
             request, media_types=(v2.MEDIA_TYPE,), max_bytes=ctx.settings.ingest.max_body_bytes

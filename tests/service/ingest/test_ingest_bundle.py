@@ -21,6 +21,13 @@ from tests.service.ingest.test_ingest_v2 import HEADERS, envelope, register
 BUNDLE = {"Content-Type": v2.BUNDLE_MEDIA_TYPE}
 
 
+@pytest.fixture(params=["fast_path", "fastapi_route"])
+def settings(settings: Settings, request: pytest.FixtureRequest) -> Settings:
+    """Every test here runs through the ASGI fast path and through the FastAPI route."""
+    ingest = settings.ingest.model_copy(update={"fast_path": request.param == "fast_path"})
+    return settings.model_copy(update={"ingest": ingest})
+
+
 def _bodies(client: TestClient) -> list[bytes]:
     """Registers two hosts of job j; a mixed bag of bodies: good ones of both hosts, a re-send, a
     bad record, an unknown digest, a bad header, and one of job other (out of a scoped token)."""
