@@ -69,7 +69,7 @@ class RelaySettings:
     max_bundle_bytes: int = 8 * 1024 * 1024  # below the service's ingest.max_body_bytes (16 MiB)
     max_body_bytes: int = 16 * 1024 * 1024  # one agent's body, after decompression (413)
     max_queued_bytes: int = 256 * 1024 * 1024  # bodies waiting or in flight; more: 429
-    max_in_flight: int = 4  # bundles awaiting the service's answer at once
+    max_in_flight: int = 16  # bundles awaiting the service's answer at once
     timeout_s: float = 30.0  # for one bundle's answer
     gzip: bool = False  # gzip bundles (costs both ends CPU; for slow links)
     retry_after_s: int = 1  # sent with the relay's own 429 and 503

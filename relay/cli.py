@@ -58,8 +58,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--max-bundle-bytes", type=int, default=8 * 1024 * 1024,
         help="a bundle's most bytes, below the service's ingest.max_body_bytes (default 8 MiB)",
     )  # fmt: skip
-    p.add_argument("--max-in-flight", type=int, default=4,
-                   help="bundles awaiting the service's answer at once (default 4)")  # fmt: skip
+    p.add_argument("--max-in-flight", type=int, default=16,
+                   help="bundles awaiting the service's answer at once (default 16)")  # fmt: skip
     p.add_argument("--timeout", type=float, default=30.0,
                    help="seconds to wait for the service's answer to a bundle")  # fmt: skip
     p.add_argument("--gzip-upstream", action="store_true",
