@@ -99,16 +99,26 @@ class RelayApp:
 
     async def start(self) -> None:
         s = self.settings
-        limits = httpx.Limits(max_connections=s.max_in_flight + 16, max_keepalive_connections=32)
-        self.client = httpx.AsyncClient(timeout=s.timeout_s, limits=limits,
-                                        transport=self._transport)  # fmt: skip
-        self.batcher = Batcher(s, self.client)
+        # Bundles and passed-through requests have connections of their own, so that a job's
+        # start (every agent registering at once) never holds up bundles. Requests queue for a
+        # connection as long as it takes (no pool timeout: the service answers them in turn;
+        # the agent's own timeout bounds the wait).
+        timeout = httpx.Timeout(s.timeout_s, pool=None)
+
+        def client(n: int) -> httpx.AsyncClient:
+            limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+            return httpx.AsyncClient(timeout=timeout, limits=limits, transport=self._transport)
+
+        self.client = client(64)
+        self.batcher = Batcher(s, client(s.max_in_flight))
         self.metrics = Metrics(self.batcher.counters)
         self.batcher.on_bundle = self.metrics.bundle
 
     async def stop(self) -> None:
         if self.batcher is not None:
             await self.batcher.drain(self.settings.timeout_s)
+        if self.batcher is not None:
+            await self.batcher.client.aclose()
         if self.client is not None:
             await self.client.aclose()
 

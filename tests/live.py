@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import uvicorn
@@ -47,22 +48,27 @@ def rendezvous_port() -> int:
 
 @contextmanager
 def live_service(settings: Settings, port: int | None = None) -> Iterator[str]:
+    with live_app(create_app(settings), "/readyz", port) as url:
+        yield url
+
+
+@contextmanager
+def live_app(app: Any, ready_path: str, port: int | None = None) -> Iterator[str]:
+    """``app`` on a real uvicorn in a background thread, once ``ready_path`` answers 200."""
     port = port or free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
-    )
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         try:
-            if httpx.get(url + "/readyz", timeout=1).status_code == 200:
+            if httpx.get(url + ready_path, timeout=1).status_code == 200:
                 break
         except httpx.HTTPError:
             time.sleep(0.05)
     else:
-        raise RuntimeError("service did not start")
+        raise RuntimeError(f"{url} did not start")
     try:
         yield url
     finally:

@@ -74,7 +74,11 @@ async def _register(run: Run, conns: list[Connection]) -> None:
             body = orjson.dumps({"sent_ns": time.time_ns(), **run.hosts[h].registration})
             path = f"/v2/jobs/{JOB}/topology/{host_name(h)}"
             json_type = {"Content-Type": "application/json"}
-            status, answer = await conns[i].request("PUT", path, body, json_type)
+            for _ in range(10):  # 429 / 503 (shedding, a relay's queue): again, as agents do
+                status, answer = await conns[i].request("PUT", path, body, json_type)
+                if status not in (429, 503):
+                    break
+                await asyncio.sleep(1.0)
             if status != 200:
                 raise RuntimeError(f"registering {host_name(h)}: {status} {answer[:300]!r}")
 

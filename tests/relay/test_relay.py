@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from failslow.agents.transport import Sender
 from failslow.relay.app import RelayApp
@@ -24,32 +21,15 @@ from failslow.service.auth import hash_token
 from failslow.service.settings import Settings
 from failslow.wire import v2
 from tests.helpers import MS, T0, two_hosts
-from tests.live import free_port, live_service
+from tests.live import free_port, live_app, live_service
+from tests.service.ingest.test_ingest_bundle import mixed_bodies
 from tests.service.ingest.test_ingest_v2 import HEADERS, envelope
 
 
 @contextmanager
 def live_relay(upstream: str, **kw: Any) -> Iterator[str]:
-    port = free_port()
-    app = RelayApp(RelaySettings(upstream=upstream, **kw))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/relayz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    else:
-        raise RuntimeError("relay did not start")
-    try:
+    with live_app(RelayApp(RelaySettings(upstream=upstream, **kw)), "/relayz") as url:
         yield url
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 def _register(url: str, headers: dict[str, str] | None = None) -> tuple[str, str]:
@@ -61,22 +41,6 @@ def _register(url: str, headers: dict[str, str] | None = None) -> tuple[str, str
         assert r.status_code == 200, r.text
         digests.append(r.json()["digest"])
     return digests[0], digests[1]
-
-
-def _bodies(d0: str, d1: str) -> list[bytes]:
-    """Good bodies of both hosts, a bad record, an unknown digest, a bad header, another job."""
-    t = [T0, T0 + 1, T0 + 2, T0 + 3]
-    a = envelope(d0, {"rank": [0, 1], "seq": [0, 0], "start_ns": t[:2], "end_ns": [T0 + MS] * 2})
-    b = envelope(d1, {"rank": [2, 3], "seq": [0, 0], "start_ns": t[2:], "end_ns": [T0 + MS] * 2},
-                 host="h1")  # fmt: skip
-    bad_record = envelope(d0, {"rank": [0, 9], "seq": [1, 1], "start_ns": t[:2],
-                               "end_ns": [T0 + MS] * 2}, seq=1)  # fmt: skip
-    unknown = envelope("0" * 16, {"rank": []}, host="h1", seq=1)
-    bad_header = v2.encode({"job": "a/b", "host": "h0", "sent_ns": 1, "agent": "a",
-                            "batch_seq": 0, "topology": "x"}, {}, {})  # fmt: skip
-    other = v2.encode({"job": "other", "host": "h0", "sent_ns": T0, "agent": "h0-a",
-                       "batch_seq": 0, "topology": d0}, {}, {})  # fmt: skip
-    return [a, b, bad_record, unknown, bad_header, other]
 
 
 def _send_at_once(url: str, bodies: list[bytes], headers: list[dict[str, str]]) -> list[Any]:
@@ -96,17 +60,17 @@ def test_agents_sent_at_once_are_one_bundle_and_each_gets_its_own_answer(
         # what the service answers each body alone: the reference
         d0, d1 = _register(svc)
         alone = [httpx.post(f"{svc}/v2/ingest", content=b, headers=HEADERS)
-                 for b in _bodies(d0, d1)]  # fmt: skip
+                 for b in mixed_bodies(d0, d1)]  # fmt: skip
         with live_relay(svc, max_wait_s=0.5) as relay:
             d0r, d1r = _register(relay)  # passed through: the same registration, the same digest
             assert (d0r, d1r) == (d0, d1)
-            bodies = _bodies(d0, d1)
+            bodies = mixed_bodies(d0, d1)
             got = _send_at_once(relay, bodies, [HEADERS] * len(bodies))
             status = httpx.get(f"{relay}/relayz").json()
             jobs = httpx.get(f"{relay}/v1/jobs/j").json()  # a read, passed through
             metrics = httpx.get(f"{relay}/metrics").text
     assert [r.status_code for r in got] == [r.status_code for r in alone]
-    assert [r.status_code for r in got] == [200, 200, 200, 409, 400, 409]
+    assert [r.status_code for r in got] == [200, 200, 200, 200, 409, 400, 409]
     for r, ref in zip(got, alone, strict=True):
         if r.status_code == 200:  # the first time alone, a re-send through the relay
             assert set(r.json()) == {"accepted", "duplicates", "rejected"}
@@ -114,14 +78,15 @@ def test_agents_sent_at_once_are_one_bundle_and_each_gets_its_own_answer(
             assert r.headers["content-type"] == "application/problem+json"
             keys = ("status", "type", "title", "detail", "errors")
             assert {k: r.json().get(k) for k in keys} == {k: ref.json().get(k) for k in keys}
-    assert got[0].json() == {"accepted": 0, "duplicates": 2, "rejected": []}
-    assert alone[2].json()["rejected"][0]["index"] == "collectives[1]"
-    assert got[2].json() == {"accepted": 0, "duplicates": 2, "rejected": []}  # a re-sent batch
-    assert status["bundles"] == 1, status  # six agents at once: one request to the service
-    assert status["bodies"]["accepted"] == 3 and status["bodies"]["refused"] == 3
+    assert got[0].json() == got[2].json() == {"accepted": 0, "duplicates": 2, "rejected": []}
+    assert alone[3].json()["rejected"][0]["index"] == "collectives[1]"
+    assert got[3].json() == {"accepted": 0, "duplicates": 2, "rejected": []}  # a re-sent batch
+    assert status["bundles"] == 1, status  # seven agents at once: one request to the service
+    assert status["bodies"]["accepted"] == 4 and status["bodies"]["refused"] == 3
     assert status["queued_bytes"] == 0 and status["in_flight"] == 0
-    assert jobs["ingest"]["h0"]["duplicates"] == 4  # both re-sent batches, every record
-    assert 'failslow_relay_bodies_total{outcome="accepted"} 3.0' in metrics
+    assert jobs["ingest"]["h0"]["duplicates"] == 8  # alone: a again (2); relayed: a x 2 and
+    # bad_record (2 each)
+    assert 'failslow_relay_bodies_total{outcome="accepted"} 4.0' in metrics
 
 
 def test_a_real_agent_sender_registers_sends_gzip_and_re_registers_through_the_relay(
@@ -206,7 +171,7 @@ def test_tokens_are_kept_apart_and_the_relays_own_limits_answer_clearly(
         team = {"Authorization": "Bearer team"}
         with live_relay(svc, max_wait_s=0.3) as relay:
             d0, d1 = _register(relay, team)
-            bodies = _bodies(d0, d1)
+            bodies = mixed_bodies(d0, d1)
             wrong = {**HEADERS, "Authorization": "Bearer nobody"}
             got = _send_at_once(relay, [bodies[0], bodies[-1], bodies[1]],
                                 [{**HEADERS, **team}, {**HEADERS, **team}, wrong])  # fmt: skip

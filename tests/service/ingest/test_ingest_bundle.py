@@ -29,11 +29,17 @@ def settings(settings: Settings, request: pytest.FixtureRequest) -> Settings:
 
 
 def _bodies(client: TestClient) -> list[bytes]:
-    """Registers two hosts of job j; a mixed bag of bodies: good ones of both hosts, a re-send, a
-    bad record, an unknown digest, a bad header, and one of job other (out of a scoped token)."""
+    """Registers two hosts of job j; :func:`mixed_bodies` of them."""
     h0, h1 = two_hosts()
     d0 = register(client, "h0", h0["ranks"], h0["comms"]).json()["digest"]
     d1 = register(client, "h1", h1["ranks"], h1["comms"]).json()["digest"]
+    return mixed_bodies(d0, d1)
+
+
+def mixed_bodies(d0: str, d1: str) -> list[bytes]:
+    """A mixed bag of bodies for hosts h0 and h1 of job j (registered as ``d0``, ``d1``): good
+    ones of both hosts, a re-send, a bad record, an unknown digest, a bad header, and one of job
+    other (out of a scoped token)."""
     t = [T0, T0 + 1, T0 + 2, T0 + 3]
     a = envelope(d0, {"rank": [0, 1], "seq": [0, 0], "start_ns": t[:2], "end_ns": [T0 + MS] * 2})
     b = envelope(d1, {"rank": [2, 3], "seq": [0, 0], "start_ns": t[2:], "end_ns": [T0 + MS] * 2},
