@@ -26,7 +26,7 @@ from failslow.wire import v2
 log = logging.getLogger(__name__)
 
 Scope = dict[str, Any]
-_PROXY_CONNECTIONS = 64
+_PROXY_CONNECTIONS = 8  # httpcore checks every connection of its pool per request
 _FORWARDED = (b"authorization", b"content-type", b"content-encoding", b"accept", b"user-agent")
 
 
@@ -103,7 +103,7 @@ class RelayApp:
         s = self.settings
         # Bundles and passed-through requests have connections of their own, so that a job's
         # start (every agent registering at once) never holds up bundles. Passed-through
-        # requests queue on a semaphore for one of 64 connections, as long as it takes (the
+        # requests queue on a semaphore for one of 8 connections, as long as it takes (the
         # agent's own timeout bounds the wait): httpcore's pool rescans every waiting request
         # whenever a connection frees, which with 6,400 registrations waiting spun a relay at
         # 100% CPU for minutes.
