@@ -214,7 +214,10 @@ def concat(bodies: list[bytes], layouts: list[Layout]) -> Columns:
     # less, but joining them costs more than both copies: 7 vs 2.8 µs per 240-record body.)
     parts = [[body[a:b] for a, b in lay.spans]
              for body, lay in zip(bodies, layouts, strict=True)]  # fmt: skip
-    for i, ((name, dtype, _, _), pieces) in enumerate(zip(layouts[0].columns, zip(*parts))):
+    by_column = zip(*parts, strict=True)
+    for i, ((name, dtype, _, _), pieces) in enumerate(
+        zip(layouts[0].columns, by_column, strict=True)
+    ):
         table = tables[0] if i < len(_COLLECTIVE_DTYPES) else tables[1]
         table[name] = np.frombuffer(b"".join(pieces), dtype)
     return Columns(*tables)
