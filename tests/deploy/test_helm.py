@@ -174,3 +174,26 @@ def test_replicas_without_a_bus_or_a_shared_database_are_refused() -> None:
     container = dep["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["FAILSLOW_DATABASE_URL"].startswith("sqlite:") and "FAILSLOW_BUS__URL" not in env
+
+
+def test_relays_sit_between_the_agents_and_the_service() -> None:
+    """``relay.enabled``: a Deployment and Service of relays whose upstream is the service's
+    Service, and the agents' DaemonSet sends to the relays instead."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    assert not [d for d in render_all() if _component(d) == "relay"]  # off by default
+    by = {(d["kind"], _component(d)): d for d in render_all("--set", "relay.enabled=true")}
+    dep, svc = by[("Deployment", "relay")], by[("Service", "relay")]
+    for d in (dep, svc):
+        kubernetes_validate.validate(d, "1.30.0", strict=True)
+    pod = dep["spec"]["template"]
+    assert dep["spec"]["replicas"] == 2
+    assert svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert dep["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    c = pod["spec"]["containers"][0]
+    service = by[("Service", "service")]
+    upstream = f"--upstream=http://{service['metadata']['name']}:{service['spec']['ports'][0]['port']}"
+    assert c["args"][0] == "relay" and upstream in c["args"] and "--host=0.0.0.0" in c["args"]
+    assert c["readinessProbe"]["httpGet"]["path"] == "/relayz"
+    agent = by[("DaemonSet", "agent")]["spec"]["template"]["spec"]["containers"][0]
+    port = svc["spec"]["ports"][0]["port"]
+    assert f"--service=http://{svc['metadata']['name']}:{port}" in agent["args"]

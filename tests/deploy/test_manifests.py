@@ -10,6 +10,7 @@ import json
 import re
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,15 @@ def test_dockerfile_is_multistage_nonroot_and_healthchecked() -> None:
     assert len(re.findall(r"^FROM ", text, flags=re.M)) == 2
     assert re.search(r"^USER failslow$", text, flags=re.M)
     assert "HEALTHCHECK" in text and "/readyz" in text
+
+
+def test_dockerfile_copies_every_package() -> None:
+    """The image's wheel is built from the folders the Dockerfile copies: each package folder
+    of pyproject.toml must be among them (a missing one fails the image build)."""
+    folders = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+                  ["package-dir"].values())  # fmt: skip
+    copied = set(re.findall(r"^COPY (\w+) \1$", (ROOT / "Dockerfile").read_text(), flags=re.M))
+    assert folders <= copied, folders - copied
 
 
 @pytest.mark.parametrize("unit", ["failslow.service", "failslow-agent.service"])
