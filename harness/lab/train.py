@@ -172,17 +172,15 @@ def _stop_at(path: str | None) -> int | None:
         return None
 
 
-# What main() made of torch's: DDP and its reducer, the optimizer, the model and the process
-# groups. Freeing them when main() returns can deadlock: a group's destructor joins its gloo
-# worker threads while holding the GIL, and a worker that still has a Python object to release
-# waits for the GIL (a rank that had finished every step and passed the final barrier never
-# exited, about once in three full test runs in CI: faulthandler showed only the main thread on
-# ``code = main()`` and a gloo thread with no Python frame). Kept here, they are never freed: the
-# process ends with os._exit (below).
-_NEVER_FREED: list[object] = []
-
-
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, exit_when_done: bool = False) -> int:
+    """Train; 0. ``exit_when_done`` (the command line): end the process with ``os._exit``
+    right after the process group is destroyed, before anything of torch's is freed. Freeing
+    DDP, its reducer or the gloo groups can deadlock (a group's destructor joins its gloo worker
+    threads while holding the GIL, and a worker with a Python object to release waits for the
+    GIL): a rank that had finished every step and passed the final barrier never exited, about
+    once in three full test runs in CI — first in the interpreter's teardown, then, with that
+    skipped, while ``main()``'s own frame was freed (faulthandler: the main thread on
+    ``code = main()``, a gloo thread with no Python frame)."""
     args = parse(argv)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: where is it stuck?
     torch.set_num_threads(1)
@@ -256,8 +254,10 @@ def main(argv: list[str] | None = None) -> int:
         if finished:  # no rank tears down while a peer's last send or all-reduce is in flight
             dist.monitored_barrier(timeout=datetime.timedelta(seconds=60))
         dist.destroy_process_group()
-        # never freed: see _NEVER_FREED
-        _NEVER_FREED.extend((ddp, opt, model, dp_group, my_dp, my_tp, inst))
+    if exit_when_done:  # everything of ours is flushed and closed; nothing of torch's is freed
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 
@@ -296,9 +296,4 @@ def _train_step(
 
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    code = main()
-    # Everything of ours is flushed and closed: skip the interpreter's teardown, which would
-    # free what _NEVER_FREED keeps (and, before it, deadlocked the same way).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    sys.exit(main(exit_when_done=True))  # returns only by raising
