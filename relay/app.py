@@ -20,7 +20,15 @@ import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from failslow.relay.batcher import PROBLEM, Answer, Batcher, Outcome, RelaySettings, problem
+from failslow.relay.batcher import (
+    PROBLEM,
+    Answer,
+    Batcher,
+    Outcome,
+    RelaySettings,
+    passed_on,
+    problem,
+)
 from failslow.wire import v2
 
 log = logging.getLogger(__name__)
@@ -122,7 +130,6 @@ class RelayApp:
     async def stop(self) -> None:
         if self.batcher is not None:
             await self.batcher.drain(self.settings.timeout_s)
-        if self.batcher is not None:
             await self.batcher.client.aclose()
         if self.client is not None:
             await self.client.aclose()
@@ -182,9 +189,7 @@ class RelayApp:
         try:
             body = await read_body(receive, s.max_body_bytes, encoding == b"gzip")
         except TooLarge:
-            return problem(413, "payload-too-large", "Payload too large",
-                           f"body exceeds the limit of {s.max_body_bytes} bytes", None,
-                           Outcome.REFUSED)  # fmt: skip
+            return _too_large(s)
         except BadBody as exc:
             return problem(400, "invalid-envelope", "Invalid envelope", str(exc), None,
                            Outcome.REFUSED)  # fmt: skip
@@ -199,9 +204,7 @@ class RelayApp:
         try:
             body = await read_body(receive, s.max_body_bytes, gzipped=False)
         except TooLarge:
-            return problem(413, "payload-too-large", "Payload too large",
-                           f"body exceeds the limit of {s.max_body_bytes} bytes", None,
-                           Outcome.REFUSED)  # fmt: skip
+            return _too_large(s)
         if body is None:
             return None
         url = s.upstream.rstrip("/") + scope["path"]
@@ -217,10 +220,13 @@ class RelayApp:
             return problem(503, "unavailable", "Service unavailable",
                            f"the service did not answer: {type(exc).__name__}",
                            s.retry_after_s, Outcome.UNREACHABLE)  # fmt: skip
-        retry = resp.headers.get("retry-after")
-        return Answer(resp.status_code, resp.content,
-                      resp.headers.get("content-type", "application/octet-stream"),
-                      int(retry) if retry and retry.isdigit() else None)  # fmt: skip
+        return passed_on(resp, "application/octet-stream", Outcome.ACCEPTED)
+
+
+def _too_large(s: RelaySettings) -> Answer:
+    return problem(413, "payload-too-large", "Payload too large",
+                   f"body exceeds the limit of {s.max_body_bytes} bytes", None,
+                   Outcome.REFUSED)  # fmt: skip
 
 
 async def _respond(send: Any, answer: Answer) -> None:

@@ -118,10 +118,9 @@ class Batcher:
         """Queue one agent's (decompressed) v2 body; its answer once its bundle's is in."""
         s, c = self.settings, self.counters
         if c.queued_bytes + len(body) > s.max_queued_bytes:
-            answer = problem(429, "overloaded", "Too many requests",
-                             "the relay holds as many bodies as it may; send again later",
-                             s.retry_after_s, Outcome.BUSY)  # fmt: skip
-            return answer
+            return problem(429, "overloaded", "Too many requests",
+                           "the relay holds as many bodies as it may; send again later",
+                           s.retry_after_s, Outcome.BUSY)  # fmt: skip
         pending = self._pending.get(authorization)
         if pending is not None and pending.size + len(body) > s.max_bundle_bytes:
             self._flush(authorization)
@@ -208,20 +207,20 @@ class Batcher:
             )
             return first + second
         if status in (401, 403, 413, 429, 503):  # about every body alike: answered as given
-            retry = resp.headers.get("retry-after")
-            same = Answer(
-                status,
-                resp.content,
-                resp.headers.get("content-type", PROBLEM),
-                int(retry) if retry and retry.isdigit() else None,
-                Outcome.REFUSED,
-            )
-            return [same] * len(bodies)
+            return [passed_on(resp, PROBLEM, Outcome.REFUSED)] * len(bodies)
         log.error("the service answered a bundle with %d: %r", status, resp.content[:300])
         bad = problem(502, "bad-gateway", "Bad gateway",
                       f"the service answered the relay's bundle with {status}",
                       s.retry_after_s, Outcome.BAD_UPSTREAM)  # fmt: skip
         return [bad] * len(bodies)
+
+
+def passed_on(resp: httpx.Response, content_type: str, outcome: Outcome) -> Answer:
+    """The service's answer as it came: status, body, content type (``content_type`` when it
+    named none) and Retry-After."""
+    retry = resp.headers.get("retry-after")
+    return Answer(resp.status_code, resp.content, resp.headers.get("content-type", content_type),
+                  int(retry) if retry and retry.isdigit() else None, outcome)  # fmt: skip
 
 
 def _unreachable(s: RelaySettings, detail: str) -> Answer:

@@ -69,17 +69,8 @@ class Fleet:
                 stdout=self.log, stderr=subprocess.STDOUT,
             ))  # fmt: skip
             self.relay_urls.append(f"http://127.0.0.1:{port}")
-        deadline = time.monotonic() + 30
-        for url in self.relay_urls:
-            while True:
-                try:
-                    if httpx.get(f"{url}/relayz", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the relay at {url} did not start")
-                time.sleep(0.1)
+        for url, proc in zip(self.relay_urls, self.relays, strict=True):
+            _wait_http(url, "/relayz", proc, "relay", 30.0)
         return self.relay_urls
 
     def relay_cpu_s(self) -> float:
@@ -119,17 +110,7 @@ class Fleet:
         return self.urls
 
     def wait_ready(self, url: str, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.services[0].poll() is not None:
-                raise RuntimeError("the first service exited")
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"the service at {url} is not ready after {timeout_s:.0f} s")
+        _wait_http(url, "/readyz", self.services[0], "service", timeout_s)
 
     def _wait_port(self, port: int) -> None:
         deadline = time.monotonic() + 20
@@ -170,20 +151,35 @@ class Fleet:
         return sum(proc_rss_mib(pid) for pid in self.pids.values())
 
     def stop(self) -> None:
-        for p in self.relays:
-            p.terminate()
-        for p in self.relays:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        for p in self.services:
-            p.terminate()
-        for p in self.services:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        _stop(self.relays)  # first: they hold requests to the services
+        _stop(self.services)
         if self.nats is not None:
             self.nats.kill()
             self.nats.wait()
+
+
+def _wait_http(url: str, path: str, proc: subprocess.Popen[bytes], what: str,
+               timeout_s: float) -> None:  # fmt: skip
+    """Until ``url + path`` answers 200; raises if ``proc`` exits or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the {what} at {url} exited")
+        try:
+            if httpx.get(url + path, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"the {what} at {url} is not ready after {timeout_s:.0f} s")
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Terminate them all, then wait for each (30 s) or kill it."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
