@@ -215,6 +215,21 @@ async def hand_over(ownership: Any, bus: Any, timeout_s: float) -> None:
             log.exception("shutdown: the %s failed", what)
 
 
+async def stop_tasks(tasks: list[asyncio.Task[Any]], timeout_s: float) -> None:
+    """Cancel the background tasks and wait for them, at most ``timeout_s`` in all: a task that
+    does not end (one that swallowed its cancellation) is logged and left, so that it cannot
+    hold the shutdown forever (a test's app once hung here for over ten minutes)."""
+    for t in tasks:
+        t.cancel()
+    done, pending = await asyncio.wait(tasks, timeout=timeout_s)
+    for t in done:
+        if not t.cancelled() and t.exception() is not None:
+            log.error("shutdown: task %s had failed", t.get_name(), exc_info=t.exception())
+    for t in pending:
+        log.error("shutdown: task %s did not end within %g s of its cancellation; going on",
+                  t.get_name(), timeout_s)  # fmt: skip
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
 
@@ -239,10 +254,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             if ctx.committer.snapshots is not None:  # a clean restart resumes exactly
                 await snapshot_jobs(ctx, every_s=None, force=True)
-            for t in tasks:
-                t.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await t
+            await stop_tasks(tasks, settings.bus.shutdown_timeout_s)
             if ownership is not None:
                 await hand_over(ownership, ctx.bus, settings.bus.shutdown_timeout_s)
             if ctx.lease is not None and not ctx.lease.lost:
