@@ -49,6 +49,25 @@ def raise_file_limit() -> int:
     return soft
 
 
+MMAP_THRESHOLD = 32 << 20  # glibc's largest dynamic mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX)
+
+
+def keep_freed_memory(mib: int) -> bool:
+    """On glibc: keep up to ``mib`` MiB of freed memory in the process (M_TRIM_THRESHOLD) and
+    serve blocks under 32 MiB from the heap (M_MMAP_THRESHOLD), so that numpy's temporaries reuse
+    pages instead of faulting in new ones; whether it was set (False: 0, or not glibc)."""
+    import ctypes
+
+    if mib <= 0:
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc (musl, macOS): its allocator as it is
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
+    return bool(mallopt(m_mmap_threshold, MMAP_THRESHOLD) and mallopt(m_trim_threshold, mib << 20))
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -60,6 +79,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     raise_file_limit()
+    keep_freed_memory(settings.allocator_keep_mib)  # type: ignore[attr-defined]
     app = create_app(settings)  # type: ignore[arg-type]
     uvicorn.run(
         app,

@@ -66,6 +66,15 @@ class Settings(BaseSettings):
         "an envelope per step or second over one connection; a step longer than this makes "
         "each of them reconnect (at 100K ranks, 12,800 connects per step).",
     )
+    allocator_keep_mib: int = Field(
+        default=512,
+        ge=0,
+        description="`failslow serve` on glibc: freed memory, up to this much, stays in the "
+        "process for reuse instead of going back to the kernel, and blocks under 32 MiB are not "
+        "mapped one by one. Otherwise the v2 core's array temporaries take fresh pages, and a "
+        "page fault per 4 KiB, at every join (bench/v2_core.py at 10K ranks: 117K faults and "
+        "0.54 us per record; with it 47K and 0.42). 0: glibc's defaults.",
+    )
     insecure: bool = Field(
         default=False, description="Allow a non-loopback bind without tokens (not recommended)."
     )
