@@ -98,6 +98,7 @@ class ProbeManager:
         self._first_seen: dict[str, int] = {}  # incident -> when a campaign was first wanted
         self.hangs: dict[str, list[str]] = {}  # job -> open hang incidents
         self._asked: set[tuple[str, str]] = set()  # (incident, host) asked for hang evidence
+        self._read_ns = -(1 << 62)  # when the open incidents were last read
 
     # -- agents ----------------------------------------------------------------------------------
     def poll(self, job: str, host: str, addr: str | None) -> list[dict[str, Any]]:
@@ -178,6 +179,9 @@ class ProbeManager:
                     if c.state == "running":
                         self._expire(c, now)
                         self._maybe_advance(c)
+        if now - self._read_ns < self.settings.incident_poll_s * 1e9:
+            return
+        self._read_ns = now
         with session_scope(self.sessions) as s:
             hangs: dict[str, list[str]] = {}
             for job, inc in s.execute(

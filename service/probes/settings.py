@@ -40,6 +40,13 @@ class ProbeSettings(BaseModel):
         description="Other hosts of the job tested with the ends of a single slow cable or NIC "
         "(to tell the cable from either end's NIC).",
     )
+    incident_poll_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="How often the open hang and slow-link incidents are read from the "
+        "database (campaigns start, and agents are asked for hang evidence, at most this much "
+        "later). Read at every detection pass, it cost ~2 ms four times a second.",
+    )
     keep_campaigns: int = Field(default=20, ge=1, description="Campaigns kept per job.")
     own_address_only: bool = Field(
         default=True,
