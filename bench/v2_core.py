@@ -17,7 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from failslow.cli import keep_freed_memory  # noqa: E402
 from failslow.harness.load.job import HostTemplate, JobLayout, host_name  # noqa: E402
+from failslow.service.settings import Settings  # noqa: E402
 from failslow.service.stream import columnar, v2apply  # noqa: E402
 from failslow.service.stream.settings import StateSettings  # noqa: E402
 from failslow.service.stream.state import JobState  # noqa: E402
@@ -40,7 +42,13 @@ def main() -> None:
         help="apply this many envelopes together, as the service does with those that arrive "
         "before its next commit (v2apply.apply_v2_many)",
     )  # fmt: skip
+    ap.add_argument(
+        "--allocator-keep-mib", type=int, default=Settings().allocator_keep_mib,
+        help="as `failslow serve` sets glibc's allocator (FAILSLOW_ALLOCATOR_KEEP_MIB); 0: "
+        "glibc's defaults",
+    )
     args = ap.parse_args()
+    keep_freed_memory(args.allocator_keep_mib)
     job = JobLayout(args.ranks, 1_000_000_000)
     hosts = [HostTemplate(job, h) for h in range(job.hosts)]
     state = JobState("j", StateSettings())
@@ -87,6 +95,7 @@ def main() -> None:
         "ranks": args.ranks,
         "joins_per_step": args.joins_per_step,
         "batch": args.batch,
+        "allocator_keep_mib": args.allocator_keep_mib,
         "registration_ms_per_host": round(registration_ms, 2),
         "us_per_record": round(total / records * 1e6, 3),
         "us_per_envelope": {k: round(v / envelopes * 1e6, 1) for k, v in cpu.items()},

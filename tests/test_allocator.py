@@ -1,5 +1,6 @@
-"""`failslow serve` keeps freed memory for reuse (cli.keep_freed_memory, Settings.allocator_keep_mib):
-the v2 core's array temporaries then stop faulting in fresh pages at every pass."""
+"""`failslow serve` keeps freed memory for reuse (cli.keep_freed_memory,
+Settings.allocator_keep_mib): the v2 core's array temporaries then stop faulting in fresh pages
+at every pass."""
 
 from __future__ import annotations
 
