@@ -31,6 +31,16 @@ def _key(partition: int) -> str:
     return f"p{partition}"
 
 
+async def _ended(task: asyncio.Task[None]) -> None:
+    """Wait until a cancelled worker's task has ended, whatever it ended with. A cancellation of
+    the caller itself goes on up: ``suppress(CancelledError)`` around ``await task`` swallowed
+    it, and an app shut down during a hand-over kept its ownership loop running for good (a
+    test's shutdown hung for over ten minutes on its 0.5 s sleeps)."""
+    await asyncio.wait([task])  # raises only the caller's own cancellation
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("partition task %s ended with %r", task.get_name(), task.exception())
+
+
 class Ownership:
     def __init__(self, owned: Owned) -> None:
         self.o = owned
@@ -138,8 +148,7 @@ class Ownership:
                     task.cancel()
             else:
                 task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await _ended(task)
         if handover and w is not None and w.resumed:
             try:
                 await w.commit(all_due=True)

@@ -46,3 +46,33 @@ def test_hand_over_is_bounded_and_always_drains(
     assert "drain of the bus connection took over 0.2 s" in said
     assert ("hand-over of the partitions took over" in said) == (first == "hang")
     assert ("hand-over of the partitions failed" in said) == (first == "fail")
+
+
+def test_an_ownership_loop_cancelled_during_a_hand_over_ends() -> None:
+    """Cancelled while it waits for a partition worker to stop (a hand-over at shutdown), the
+    ownership's ``_stop`` lets its own cancellation through once the worker has ended: before,
+    it swallowed it and the ownership loop went on for good."""
+    from failslow.service.replica.ownership import Ownership
+
+    async def slow_worker() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:  # like unsubscribing from NATS: takes a while after its cancellation
+            await asyncio.sleep(0.2)
+
+    async def main() -> tuple[bool, bool]:
+        own = Ownership.__new__(Ownership)
+        own.held, own.renewed, own.workers = {3: 7}, {3: 0.0}, {}
+        worker = asyncio.create_task(slow_worker())
+        own.tasks = {3: worker}
+        await asyncio.sleep(0)  # the worker waits
+        stopping = asyncio.create_task(own._stop(3, handover=False))
+        await asyncio.sleep(0.05)  # _stop waits for the worker's cancellation to finish
+        stopping.cancel()  # the app shuts down now
+        await asyncio.wait([stopping], timeout=5)
+        await asyncio.wait([worker], timeout=5)
+        return stopping.cancelled(), worker.cancelled()
+
+    stopping_cancelled, worker_cancelled = asyncio.run(main())
+    assert stopping_cancelled  # the caller's cancellation was not swallowed
+    assert worker_cancelled  # and the worker was stopped as asked
