@@ -35,7 +35,7 @@ async def _ended(task: asyncio.Task[None]) -> None:
     """Wait until a cancelled worker's task has ended, whatever it ended with. A cancellation of
     the caller itself goes on up: ``suppress(CancelledError)`` around ``await task`` swallowed
     it, and an app shut down during a hand-over kept its ownership loop running for good (a
-    test's shutdown hung for over ten minutes on its 0.5 s sleeps)."""
+    test's app once hung in its shutdown for over ten minutes)."""
     await asyncio.wait([task])  # raises only the caller's own cancellation
     if not task.cancelled() and task.exception() is not None:
         log.warning("partition task %s ended with %r", task.get_name(), task.exception())
