@@ -65,5 +65,6 @@ class BusSettings(BaseModel):
         description="The most a clean shutdown waits to hand its partitions over (commit with "
         "snapshots, release the claims) and to drain the connection. Past it the replica exits "
         "anyway: the next owner takes the partitions when the claims expire and replays what "
-        "was not committed.",
+        "was not committed. With or without a bus, it also bounds the wait for the service's "
+        "cancelled background tasks (detection, commits, snapshots, ownership).",
     )  # fmt: skip
