@@ -168,8 +168,7 @@ class Joiner:
         staged = self._take_staged()
         self._note_ends(staged["slot"], staged["end"])
         skey = _key(staged)
-        # np.unique hashes: ~20x slower on 100K distinct keys. A stable sort (timsort) uses the
-        # runs that each host's records come in: 0.56 ms for 84K keys where quicksort takes 3.8
+        # timsort uses the runs hosts' records come in (84K keys: 0.56 ms, quicksort 3.8 ms)
         touched = np.sort(skey, kind="stable")
         touched = touched[np.r_[True, touched[1:] != touched[:-1]]]
         pkey = self._pending_key()
