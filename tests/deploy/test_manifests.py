@@ -5,6 +5,7 @@ units, Slurm prolog/epilog and Grafana provisioning are well-formed and point at
 
 from __future__ import annotations
 
+import argparse
 import configparser
 import json
 import re
@@ -16,6 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from failslow.relay.cli import register as register_relay
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 
@@ -24,7 +27,7 @@ def test_compose_parses_and_mounts_existing_files() -> None:
     path = DEPLOY / "docker" / "compose.yml"
     doc = yaml.safe_load(path.read_text())
     assert set(doc["services"]) == {
-        "postgres", "nats", "failslow", "failslow-2", "prometheus", "grafana"
+        "postgres", "nats", "failslow", "failslow-2", "relay", "prometheus", "grafana"
     }
     for name, svc in doc["services"].items():
         assert "image" in svc or "build" in svc, name
@@ -38,6 +41,16 @@ def test_compose_parses_and_mounts_existing_files() -> None:
         env = doc["services"][replica]["environment"]
         assert env["FAILSLOW_DATABASE_URL"].startswith("postgresql+psycopg://")
         assert env["FAILSLOW_BUS__URL"] == "nats://nats:4222"
+    # the relay: the failslow image's `failslow relay`, in front of a replica, on its own port
+    relay = doc["services"]["relay"]
+    assert relay["image"] == doc["services"]["failslow"]["image"]
+    parser = argparse.ArgumentParser()
+    register_relay(parser.add_subparsers())
+    args = parser.parse_args(relay["command"])
+    assert args.upstream == "http://failslow:8000" and args.host == "0.0.0.0"
+    assert relay["ports"] == [f"${{FAILSLOW_RELAY_PORT:-{args.port}}}:{args.port}"]
+    assert f":{args.port}/relayz" in " ".join(relay["healthcheck"]["test"])
+    assert relay["depends_on"]["failslow"]["condition"] == "service_healthy"
 
 
 def _keys(d: object, prefix: str = "") -> set[str]:
@@ -85,6 +98,12 @@ def test_dockerfile_copies_every_package() -> None:
                   ["package-dir"].values())  # fmt: skip
     copied = set(re.findall(r"^COPY (\w+) \1$", (ROOT / "Dockerfile").read_text(), flags=re.M))
     assert folders <= copied, folders - copied
+    # .dockerignore admits only what it names: a folder copied but not admitted is "not found in
+    # build context" (relay/ was, until `make stack-smoke` built the image for real)
+    ignore = (ROOT / ".dockerignore").read_text().split()
+    assert "*" in ignore
+    admitted = {line[1:] for line in ignore if line.startswith("!")}
+    assert copied <= admitted, copied - admitted
 
 
 @pytest.mark.parametrize("unit", ["failslow.service", "failslow-agent.service"])
