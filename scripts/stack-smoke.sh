@@ -1,7 +1,8 @@
 #!/bin/sh
-# Bring deploy/docker/compose.yml up for real — PostgreSQL, NATS JetStream and two failslow
-# replicas — feed it a simulated job with a slow GPU through one replica, read the incident back
-# from the other, then kill the job's owner and check the other replica takes the job over.
+# Bring deploy/docker/compose.yml up for real — PostgreSQL, NATS JetStream, two failslow
+# replicas and a relay — feed it a simulated job with a slow GPU through one replica, read the
+# incident back from the other, send a v2 job with a slow GPU through the relay (bundled) and
+# find it, then kill the job's owner and check the other replica takes the job over.
 # `make stack-smoke`; needs a Docker daemon and docker-compose. Where Docker Hub cannot be
 # reached, every image is built from Debian's packages: Python (scripts/local-python-image.sh),
 # PostgreSQL (deploy/docker/local/postgres.Dockerfile), NATS from the failslow image (it carries
@@ -14,6 +15,7 @@ COMPOSE="docker-compose -p failslow-stack-smoke -f deploy/docker/compose.yml"
 export FAILSLOW_TOKEN=stack-$(date +%s)
 export FAILSLOW_IMAGE=${FAILSLOW_IMAGE:-failslow:stack}
 export FAILSLOW_PORT=${FAILSLOW_PORT:-18000} FAILSLOW_PORT_2=${FAILSLOW_PORT_2:-18001}
+export FAILSLOW_RELAY_PORT=${FAILSLOW_RELAY_PORT:-18100}
 WORK=$(mktemp -d)
 say() { echo "stack-smoke: $*" >&2; }
 fail() { say "FAIL $*"; $COMPOSE logs --tail 40 >&2 || true; exit 1; }
@@ -44,12 +46,12 @@ if [ -z "${NATS_IMAGE:-}" ]; then
 fi
 export POSTGRES_IMAGE NATS_IMAGE PYTHON_IMAGE
 [ -n "${NATS_ENTRYPOINT:-}" ] && export NATS_ENTRYPOINT
-say "up: postgres ($POSTGRES_IMAGE), nats ($NATS_IMAGE), failslow x2 ($FAILSLOW_IMAGE)"
-$COMPOSE up -d --no-build postgres nats failslow failslow-2 >/dev/null 2>&1 || fail "compose up"
-"$PY" - "$FAILSLOW_PORT" "$FAILSLOW_PORT_2" "$FAILSLOW_TOKEN" "$WORK" <<'PY' || fail "see above"
+say "up: postgres ($POSTGRES_IMAGE), nats ($NATS_IMAGE), failslow x2 and a relay ($FAILSLOW_IMAGE)"
+$COMPOSE up -d --no-build postgres nats failslow failslow-2 relay >/dev/null 2>&1 || fail "compose up"
+"$PY" - "$FAILSLOW_PORT" "$FAILSLOW_PORT_2" "$FAILSLOW_TOKEN" "$WORK" "$FAILSLOW_RELAY_PORT" <<'PY' || fail "see above"
 import json, subprocess, sys, time
 import httpx
-ports, token, work = sys.argv[1:3], sys.argv[3], sys.argv[4]
+ports, token, work, relay_port = sys.argv[1:3], sys.argv[3], sys.argv[4], sys.argv[5]
 H = {"Authorization": f"Bearer {token}"}
 urls = [f"http://127.0.0.1:{p}" for p in ports]
 def get(u, path):
@@ -80,6 +82,18 @@ def found():
     return [i for i in r.json() if i["kind"] == "slow_gpu" and i["ranks"] == [5]] if r.status_code == 200 else []
 inc = until("the slow GPU found (read from the other replica)", found, 60)[0]
 print(f"stack-smoke: sent to replica 1, read from replica 2: {inc['summary']}", file=sys.stderr)
+# a v2 job (node agents' traffic: a topology per host, then columnar envelopes) through the relay
+relay = f"http://127.0.0.1:{relay_port}"
+until("the relay ready", lambda: httpx.get(relay + "/relayz", timeout=5).status_code == 200, 60)
+subprocess.run([sys.executable, "-m", "failslow.cli", "bench", "e2e", "--ranks", "64", "--step-time", "0.5",
+                "--steps", "40", "--fault", "slow_gpu", "--service", relay, "--token", token,
+                "--json", f"{work}/e2e.json"], check=True, stdout=subprocess.DEVNULL)
+res = json.load(open(f"{work}/e2e.json"))
+if not res["found"] or res["errors"]:
+    sys.exit(f"stack-smoke: FAIL through the relay: found={res['found']} errors={res['first_errors']}")
+rz = httpx.get(relay + "/relayz", timeout=5).json()
+print(f"stack-smoke: v2 through the relay: {res['records']} records in {rz['bundles']} bundles "
+      f"({rz['bodies']}), the slow GPU found {res['delay_steps']} steps after its onset", file=sys.stderr)
 def owner():
     hits = [i for i, o in enumerate(owned()) if any("smoke" in p["jobs"] for p in o.values())]
     return hits if len(hits) == 1 else None
