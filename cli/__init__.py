@@ -79,7 +79,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     raise_file_limit()
-    keep_freed_memory(settings.allocator_keep_mib)  # type: ignore[attr-defined]
+    keep = settings.allocator_keep_mib  # type: ignore[attr-defined]
+    if keep_freed_memory(keep):
+        logging.getLogger("failslow").info(
+            "allocator: up to %d MiB of freed memory kept for reuse (FAILSLOW_ALLOCATOR_KEEP_MIB)",
+            keep,
+        )
     app = create_app(settings)  # type: ignore[arg-type]
     uvicorn.run(
         app,
