@@ -11,6 +11,10 @@ import numpy as np
 from failslow.detectors.types import KIND_INDEX
 from failslow.service.stream.records import CommAnnouncement, RankAnnouncement, RecordError, Reject
 
+# _PICKLE: a job's snapshot pickles one of these per rank, host and comm. A slots dataclass is
+# pickled through dataclasses' own Python getstate (~9 us each: 0.09 s for 10,240 ranks, ~1 s of
+# a 100K-rank snapshot, under the job lock); by position, as here, it is a C-level tuple.
+
 
 @dataclass(slots=True)
 class RankInfo:
@@ -18,6 +22,9 @@ class RankInfo:
     slot: int
     host: str | None = None
     gpu: int | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:  # see _PICKLE
+        return (RankInfo, (self.rank, self.slot, self.host, self.gpu))
 
 
 @dataclass(slots=True)
@@ -28,6 +35,10 @@ class HostInfo:
     last_wall: float  # monotonic seconds of the last envelope; staleness is judged in wall time
     ranks: set[int] = field(default_factory=set)
 
+    def __reduce__(self) -> tuple[Any, ...]:  # see _PICKLE
+        return (HostInfo, (self.host, self.first_seen_ns, self.last_sent_ns, self.last_wall,
+                           self.ranks))  # fmt: skip
+
 
 @dataclass(slots=True)
 class CommInfo:
@@ -37,6 +48,16 @@ class CommInfo:
     slots: np.ndarray  # member slots in comm order
     position: dict[int, int]  # rank -> index in ``ranks``
     index: int = 0  # dense number of the comm within its job
+
+    def __reduce__(self) -> tuple[Any, ...]:  # see _PICKLE; slots and position are derived
+        return (_comm_info, (self.comm, self.kind, self.ranks, self.slots.tobytes(), self.index))
+
+
+def _comm_info(comm: str, kind: str, ranks: tuple[int, ...], slots: bytes, index: int) -> CommInfo:
+    """A :class:`CommInfo` from its pickled form (``slots`` is int64, ``position`` follows from
+    ``ranks``): ~4x faster to pickle than a small array and a dict per comm."""
+    position = {r: i for i, r in enumerate(ranks)}
+    return CommInfo(comm, kind, ranks, np.frombuffer(slots, np.int64).copy(), position, index)
 
 
 class MemberBudget:
