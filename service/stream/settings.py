@@ -80,7 +80,9 @@ class StateSettings(BaseModel):
         description="Without a bus: how often (at most) each job's state and detector state are "
         "written with its counters, and always at shutdown, so that a restart resumes detection "
         "where it was (0: never; with a bus, FAILSLOW_BUS__SNAPSHOT_EVERY_S applies). Taking one "
-        "holds the job for ~0.3-0.6 s at 10K ranks, ~3.4 s at 100K (docs/replicas.md).",
+        "holds the job while it is pickled: 0.11 s for bench/v2_core.py's 10K-rank state; "
+        "0.3-0.6 s at 10K ranks and ~3.4 s at 100K before ranks, hosts and comms were pickled "
+        "by position (docs/replicas.md).",
     )
     time_frame_s: float = Field(
         default=1.0, gt=0, description="Frame length for jobs that send no step records."
