@@ -3,7 +3,15 @@
 from failslow.service.actions.models import Action, ActionEvent
 from failslow.service.db import Base
 from failslow.service.incidents.models import Incident
-from failslow.service.jobs.models import AgentStream, Comm, Host, Job, JobHistory, Rank, RankHistory
+from failslow.service.jobs.models import (
+    AgentStream,
+    Comm,
+    Host,
+    Job,
+    JobHistory,
+    Rank,
+    RankHistoryBucket,
+)
 from failslow.service.lease import ServiceLease
 from failslow.service.plans.models import JobWorkload, PlanVersion
 from failslow.service.replica.models import BusPartition, JobSnapshot
@@ -23,6 +31,6 @@ __all__ = [
     "Job",
     "JobHistory",
     "Rank",
-    "RankHistory",
+    "RankHistoryBucket",
     "ServiceLease",
 ]

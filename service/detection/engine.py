@@ -331,4 +331,4 @@ class DetectionEngine:
                 step_time_s=view["step_time_s"],
                 baseline_step_time_s=view["baseline_step_time_s"],
             )
-            write_history(s, job_rows, rank_rows)
+            write_history(s, job_rows, rank_rows, keep=self.settings.history_rank_buckets)

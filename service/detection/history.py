@@ -1,4 +1,4 @@
-"""Downsampling of per-frame signals into compact per-rank and per-job history rows."""
+"""Downsampling of per-frame signals into per-job history rows and per-rank history columns."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import numpy as np
 
 from failslow.detectors.straggler import FrameScores
 from failslow.detectors.types import Frame
+from failslow.service.jobs.history import FIELDS, RankColumns, bucket_row
 
 
 @dataclass(slots=True)
@@ -85,26 +86,19 @@ class HistoryAccumulator:
                 "slowdown": (med / baseline) if med and baseline else None,
             }
         )
-        rank_rows: list[dict[str, Any]] = []
         n = min(len(slot_rank), max((a.size for a in self.sums.values()), default=0))
-        means: dict[str, np.ndarray] = {}
-        for name, s in self.sums.items():
-            c = self.counts[name]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                means[name] = np.where(c > 0, s / np.maximum(c, 1), np.nan)
-        present = self.counts.get("lateness_s", np.zeros(0))
-        for slot in range(n):
-            if slot >= present.size or present[slot] == 0:
-                continue
-            row: dict[str, Any] = {
-                "job_id": self.job,
-                "rank": slot_rank[slot],
-                "bucket": bucket,
-                "steps": int(present[slot]),
-                "end_ns": self.end_ns,
-            }
-            for name, m in means.items():
-                v = float(m[slot]) if slot < m.size else float("nan")
-                row[name] = v if np.isfinite(v) else None
-            rank_rows.append(row)
-        return job_rows, rank_rows
+        present = self.counts.get("lateness_s", np.zeros(0))[:n]
+        seen = np.flatnonzero(present > 0)  # slots seen in the bucket
+        values = {}
+        for name in FIELDS:
+            s, c = self.sums.get(name), self.counts.get(name)
+            mean = np.full(seen.size, np.nan)
+            if s is not None and c is not None:
+                inside = seen[seen < s.size]
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    mean[: inside.size] = np.where(c[inside] > 0, s[inside] / c[inside], np.nan)
+            values[name] = mean
+        cols = RankColumns(
+            np.asarray(slot_rank, np.int64)[seen], present[seen].astype(np.int64), values
+        )
+        return job_rows, [bucket_row(self.job, bucket, self.end_ns, cols)] if len(cols) else []

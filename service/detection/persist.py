@@ -16,8 +16,8 @@ from failslow.detectors.vocab import FindingStatus, IncidentKind, Severity, Subj
 from failslow.service.detection.text import summary_for
 from failslow.service.incidents import service as incidents
 from failslow.service.incidents.models import Incident, IncidentState
-from failslow.service.jobs import service as jobs_db
-from failslow.service.jobs.models import JobHistory, RankHistory
+from failslow.service.jobs import history as job_history
+from failslow.service.jobs.models import JobHistory, RankHistoryBucket
 from failslow.service.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -156,17 +156,24 @@ class IncidentWriter:
 
 
 def write_history(
-    s: Session, job_rows: list[dict[str, Any]], rank_rows: list[dict[str, Any]]
+    s: Session,
+    job_rows: list[dict[str, Any]],
+    rank_rows: list[dict[str, Any]],
+    *,
+    keep: int | None = None,
 ) -> None:
     """Downsampled history rows; a bucket already written (a flush, or a restart mid-bucket) is
-    merged row by row."""
+    merged row by row. ``keep``: per-rank buckets kept per job (None: all)."""
     if not job_rows and not rank_rows:
         return
     try:
         with s.begin_nested():
-            jobs_db.add_history(s, job_rows=job_rows, rank_rows=rank_rows)
+            job_history.add_history(s, job_rows=job_rows, rank_rows=rank_rows, keep=keep)
     except IntegrityError:
         for row in job_rows:
             s.merge(JobHistory(**row))
         for row in rank_rows:
-            s.merge(RankHistory(**row))
+            s.merge(RankHistoryBucket(**row))
+        if keep is not None:
+            for job in {r["job_id"] for r in rank_rows}:
+                job_history.prune(s, job=job, keep=keep)

@@ -86,7 +86,14 @@ class DetectionSettings(BaseModel):
         default=5, ge=0, description="Slowest ranks per job exported with a rank label."
     )
     history_every_steps: int = Field(
-        default=10, ge=1, description="Steps per downsampled per-rank history row."
+        default=10, ge=1, description="Steps per bucket of downsampled history."
+    )
+    history_rank_buckets: int = Field(
+        default=1000,
+        ge=1,
+        description="Newest buckets of per-rank history kept per job (17-20 bytes per rank per "
+        "bucket in SQLite: 1.7 MB a bucket at 100K ranks); older ones are deleted as new ones "
+        "are written. The job's step-time history, a row per bucket, is kept whole.",
     )
 
     @model_validator(mode="after")

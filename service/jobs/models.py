@@ -92,23 +92,19 @@ class Comm(Base):
     ranks: Mapped[list[int]] = mapped_column(JSON)
 
 
-class RankHistory(Base):
-    """Per rank, per bucket of ``history_every_steps`` steps: means of the per-step signals."""
+class RankHistoryBucket(Base):
+    """Per bucket of ``history_every_steps`` steps, every rank's means of the per-step signals,
+    as compressed columns (``jobs.history``): one row per bucket, not per rank."""
 
-    __tablename__ = "rank_history"
+    __tablename__ = "rank_history_buckets"
 
     job_id: Mapped[str] = mapped_column(
         ID, ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
     )
-    rank: Mapped[int] = mapped_column(Integer, primary_key=True)
     bucket: Mapped[int] = mapped_column(Integer, primary_key=True)
-    steps: Mapped[int] = mapped_column(Integer)
     end_ns: Mapped[int] = mapped_column(BigInteger)
-    step_time_s: Mapped[float | None] = mapped_column(Float)
-    compute_s: Mapped[float | None] = mapped_column(Float)
-    comm_s: Mapped[float | None] = mapped_column(Float)
-    lateness_s: Mapped[float | None] = mapped_column(Float)
-    score: Mapped[float | None] = mapped_column(Float)
+    ranks: Mapped[int] = mapped_column(Integer)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class JobHistory(Base):

@@ -12,6 +12,7 @@ from failslow.service.context import AppContext, CtxDep, JobClientAuth, JobId, R
 from failslow.service.errors import NotFound, NotOwner
 from failslow.service.incidents import service as incidents
 from failslow.service.incidents.schemas import IncidentFilter, IncidentOut
+from failslow.service.jobs import history as job_history
 from failslow.service.jobs import service as jobs_db
 from failslow.service.jobs import views
 from failslow.service.jobs.schemas import JobDetail, JobSummary, RankOut
@@ -130,4 +131,4 @@ def get_history(
 ) -> dict[str, object]:
     if jobs_db.get_job(session, job=job) is None:
         raise NotFound(f"no job {job!r}")
-    return jobs_db.history(session, job=job, buckets=buckets)
+    return job_history.history(session, job=job, buckets=buckets)

@@ -1,4 +1,5 @@
-"""Persistence of job topology, ingest counters and compact history (keyword-only functions).
+"""Persistence of job topology and ingest counters (keyword-only functions; history:
+:mod:`.history`).
 
 Counters are written as increments so that two service processes sharing a database add up
 instead of overwriting each other. Callers own the transaction.
@@ -24,9 +25,7 @@ from failslow.service.jobs.models import (
     Host,
     HostRegistration,
     Job,
-    JobHistory,
     Rank,
-    RankHistory,
 )
 from failslow.service.stream import columnar
 from failslow.service.stream.records import CommAnnouncement, RankAnnouncement
@@ -383,49 +382,3 @@ def save_job_progress(
             last_step=last_step, step_time_s=step_time_s, baseline_step_time_s=baseline_step_time_s
         )
     )
-
-
-def add_history(
-    session: Session, *, job_rows: list[dict[str, Any]], rank_rows: list[dict[str, Any]]
-) -> None:
-    """Insert downsampled history rows (one bucket each; buckets are written once)."""
-    if job_rows:
-        session.execute(insert(JobHistory), job_rows)
-    if rank_rows:
-        session.execute(insert(RankHistory), rank_rows)
-
-
-def history(session: Session, *, job: str, buckets: int) -> dict[str, Any]:
-    """The newest ``buckets`` history buckets: the job's step time per bucket, and per rank its
-    speed score (1 = typical) — what the status page draws as a chart and a heatmap."""
-    rows = session.scalars(
-        select(JobHistory)
-        .where(JobHistory.job_id == job)
-        .order_by(JobHistory.bucket.desc())
-        .limit(buckets)
-    ).all()[::-1]
-    first = rows[0].bucket if rows else 0
-    ranks = session.execute(
-        select(RankHistory.rank, RankHistory.bucket, RankHistory.score)
-        .where(RankHistory.job_id == job, RankHistory.bucket >= first)
-        .order_by(RankHistory.rank, RankHistory.bucket)
-    ).all()
-    index = {r.bucket: i for i, r in enumerate(rows)}
-    scores: dict[int, list[float | None]] = {}
-    for rank, bucket, score in ranks:
-        if bucket in index:
-            scores.setdefault(int(rank), [None] * len(rows))[index[bucket]] = score
-    return {
-        "job": job,
-        "buckets": [
-            {
-                "bucket": r.bucket,
-                "end_ns": r.end_ns,
-                "steps": r.steps,
-                "step_time_s": r.step_time_s,
-                "step_time_max_s": r.step_time_max_s,
-            }
-            for r in rows
-        ],
-        "ranks": [{"rank": r, "score": s} for r, s in sorted(scores.items())],
-    }

@@ -197,19 +197,27 @@ def test_openapi_matches_the_spec(streamed) -> None:  # type: ignore[no-untyped-
 def test_history_is_downsampled_per_rank_and_job(streamed) -> None:  # type: ignore[no-untyped-def]
     from sqlalchemy import select
 
-    from failslow.service.jobs.models import JobHistory, RankHistory
+    from failslow.service.jobs.history import rank_history
+    from failslow.service.jobs.models import JobHistory
 
     client, _ = streamed
     ctx = client.app.state.ctx
     with ctx.sessions() as s:
         jobs = s.scalars(select(JobHistory).order_by(JobHistory.bucket)).all()
-        rank6 = {r.bucket: r for r in s.scalars(select(RankHistory).where(RankHistory.rank == 6))}
-        rows = s.scalars(select(RankHistory)).all()
+        buckets = rank_history(s, job=jobs[0].job_id)
     assert [j.bucket for j in jobs] == list(range(0, 110, 10))  # one row per 10 steps
     assert sum(j.steps for j in jobs) == 110
-    assert len(rows) == 16 * 11  # per rank per bucket, not per record
+    assert sorted(buckets) == [j.bucket for j in jobs]  # per rank: a column per bucket
+    assert all(sorted(c.rank.tolist()) == list(range(16)) for c in buckets.values())
+    assert sum(int(c.steps.sum()) for c in buckets.values()) == 16 * 110
+    rank6 = {b: {f: float(v[c.rank.tolist().index(6)]) for f, v in c.values.items()}
+             for b, c in buckets.items()}  # fmt: skip
     # the fault (steps 40-80) shows in rank 6's bucket means, and its job slowdown
-    assert rank6[50].lateness_s > 0.05 and rank6[10].lateness_s < 0.01
-    assert rank6[50].score < 0.75 < rank6[10].score
+    assert rank6[50]["lateness_s"] > 0.05 and rank6[10]["lateness_s"] < 0.01
+    assert rank6[50]["score"] < 0.75 < rank6[10]["score"]
+    answer = client.get(f"/v1/jobs/{jobs[0].job_id}/history", params={"buckets": 5}).json()
+    assert [b["bucket"] for b in answer["buckets"]] == [60, 70, 80, 90, 100]
+    row6 = next(r for r in answer["ranks"] if r["rank"] == 6)
+    assert row6["score"][0] == round(rank6[60]["score"], 6)
     by_bucket = {j.bucket: j for j in jobs}
     assert by_bucket[50].slowdown > 1.2 and by_bucket[10].slowdown < 1.05
