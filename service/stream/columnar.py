@@ -71,15 +71,21 @@ def check_registration(
         errors.append({"loc": "ranks", "msg": "ranks must be distinct"})
     names: set[str] = set()
     for i, raw in enumerate(comms_raw):
-        try:
-            ann = parse_comm(raw)
-        except RecordError as exc:
-            errors.append({"loc": f"comms[{i}]", "msg": str(exc)})
-            continue
+        ann = _known(topo, raw)
+        if ann is None:
+            try:
+                ann = parse_comm(raw)
+            except RecordError as exc:
+                errors.append({"loc": f"comms[{i}]", "msg": str(exc)})
+                continue
         existing = topo.comms.get(ann.comm)
         if ann.comm in names:
             errors.append({"loc": f"comms[{i}]", "msg": f"comm {ann.comm} listed twice"})
-        elif existing is not None and (existing.ranks, existing.kind) != (ann.ranks, ann.kind):
+        elif (
+            existing is not None
+            and existing.ranks is not ann.ranks
+            and (existing.ranks, existing.kind) != (ann.ranks, ann.kind)
+        ):
             errors.append({"loc": f"comms[{i}]", "msg": f"conflicting definition of {ann.comm}"})
         names.add(ann.comm)
         comms.append(ann)
@@ -100,6 +106,47 @@ def check_registration(
     if errors:
         raise RegistrationError(errors)
     return ranks, comms
+
+
+FORM_MIN = 64  # members from which a comm's range form is remembered (smaller: parsed again)
+_RANGE_KEYS = frozenset(("start", "stop", "step"))
+
+
+def _form(raw: Any) -> tuple[str, int, int, int] | None:
+    """``(kind, start, stop, step)`` of a comm written as a range of ranks; None otherwise."""
+    if not isinstance(raw, dict):
+        return None
+    spec, kind = raw.get("ranks"), raw.get("kind")
+    if not isinstance(spec, dict) or not isinstance(kind, str) or not spec.keys() <= _RANGE_KEYS:
+        return None
+    start, stop, step = spec.get("start"), spec.get("stop"), spec.get("step", 1)
+    if type(start) is not int or type(stop) is not int or type(step) is not int:
+        return None
+    return kind, start, stop, step
+
+
+def _known(topo: Topology, raw: Any) -> CommAnnouncement | None:
+    """A comm of the job named in the very range form it was registered with: its announcement,
+    with the job's own member tuple, without expanding and comparing the members again (a
+    100K-rank job's data-parallel comms have 3,200 members each, and each of its 12,800 hosts
+    names 8 of them). None: check it in full."""
+    form = _form(raw)
+    name = raw.get("comm") if form is not None else None
+    if form is None or not isinstance(name, str) or topo.comm_forms.get(name) != form:
+        return None
+    info = topo.comms[name]
+    return CommAnnouncement(name, info.kind, info.ranks)  # type: ignore[arg-type]
+
+
+def _remember_forms(topo: Topology, comms_raw: list[Any]) -> None:
+    """After a registration was applied: the range forms its large comms were named in."""
+    for raw in comms_raw:
+        form = _form(raw)
+        if form is None:
+            continue
+        info = topo.comms.get(raw["comm"])
+        if info is not None and len(info.ranks) >= FORM_MIN and info.kind == form[0]:
+            topo.comm_forms[info.comm] = form
 
 
 def register(
@@ -157,6 +204,7 @@ def register_topology(
     ht = kept.get(key)
     if ht is None:
         ht = register(state.topology, host, key, ranks, comms)
+        _remember_forms(state.topology, comms_raw)
         if not stored:
             state.new_registrations.setdefault(host, {})[key] = raw  # for the commit to store
     stored_ones = state.stored_registrations.get(host)

@@ -167,7 +167,9 @@ def parse_comm(raw: Any) -> CommAnnouncement:
         ranks = members(rec.get("ranks"))
     except BadMembers as exc:
         raise RecordError(Reject.INVALID, str(exc)) from None
-    if ranks and max(ranks) > INT32_MAX:
+    # a range ascends: its last member is its largest (max over 3,200 members per host adds up)
+    top = ranks[-1] if isinstance(rec.get("ranks"), dict) else max(ranks, default=0)
+    if top > INT32_MAX:
         raise RecordError(Reject.INVALID, "comm member ranks must be < 2^31")
     if kind == CommKind.P2P and len(ranks) != 2:
         raise RecordError(Reject.INVALID, "a p2p comm has exactly two ranks")

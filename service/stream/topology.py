@@ -122,6 +122,13 @@ class Topology:
         self.version = 0  # bumped on every change; detectors cache derived groups by it
         self.dirty_ranks: set[int] = set()
         self.dirty_comms: set[str] = set()
+        # comm -> (kind, start, stop, step): a large comm registered as a range of ranks, so
+        # that hosts naming it again in that form are checked without expanding its members
+        self.comm_forms: dict[str, tuple[str, int, int, int]] = {}
+
+    def __setstate__(self, d: dict[str, Any]) -> None:
+        self.__dict__.update(d)
+        self.__dict__.setdefault("comm_forms", {})  # a snapshot taken before it existed
 
     # -- ranks -------------------------------------------------------------------------------
     def slot(self, rank: int) -> int:
@@ -202,7 +209,7 @@ class Topology:
     def announce_comm(self, ann: CommAnnouncement) -> None:
         existing = self.comms.get(ann.comm)
         if existing is not None:
-            if existing.ranks != ann.ranks:
+            if existing.ranks is not ann.ranks and existing.ranks != ann.ranks:
                 raise RecordError(Reject.CONFLICT, f"conflicting member list for comm {ann.comm}")
             if existing.kind != ann.kind:
                 raise RecordError(
