@@ -70,6 +70,7 @@ class RelaySettings:
     max_body_bytes: int = 16 * 1024 * 1024  # one agent's body, after decompression (413)
     max_queued_bytes: int = 256 * 1024 * 1024  # bodies waiting or in flight; more: 429
     max_in_flight: int = 16  # bundles awaiting the service's answer at once
+    max_passthrough: int = 64  # other requests (registrations, reads) passed on at once
     timeout_s: float = 30.0  # for one bundle's answer
     gzip: bool = False  # gzip bundles (costs both ends CPU; for slow links)
     retry_after_s: int = 1  # sent with the relay's own 429 and 503
@@ -79,6 +80,8 @@ class RelaySettings:
             raise ValueError(f"max_bundle must be 1 to {v2.MAX_BUNDLE_ITEMS}")
         if self.max_wait_s < 0 or self.max_in_flight < 1 or self.timeout_s <= 0:
             raise ValueError("max_wait_s >= 0, max_in_flight >= 1 and timeout_s > 0 are needed")
+        if self.max_passthrough < 1:
+            raise ValueError("max_passthrough >= 1 is needed")
         if not self.upstream.startswith(("http://", "https://")):
             raise ValueError(f"upstream must be an http(s) URL, not {self.upstream!r}")
 

@@ -16,7 +16,8 @@ def cmd_relay(args: argparse.Namespace) -> int:
     try:
         settings = RelaySettings(
             upstream=args.upstream, max_bundle=args.max_bundle, max_wait_s=args.max_wait_ms / 1e3,
-            max_in_flight=args.max_in_flight, gzip=args.gzip_upstream,
+            max_in_flight=args.max_in_flight, max_passthrough=args.max_passthrough,
+            gzip=args.gzip_upstream,
             max_bundle_bytes=args.max_bundle_bytes, timeout_s=args.timeout,
         )  # fmt: skip
     except ValueError as exc:
@@ -60,6 +61,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )  # fmt: skip
     p.add_argument("--max-in-flight", type=int, default=16,
                    help="bundles awaiting the service's answer at once (default 16)")  # fmt: skip
+    p.add_argument("--max-passthrough", type=int, default=64,
+                   help="other requests (topology registrations, v1, reads) passed to the "
+                   "service at once; more wait in the relay (default 64)")  # fmt: skip
     p.add_argument("--timeout", type=float, default=30.0,
                    help="seconds to wait for the service's answer to a bundle")  # fmt: skip
     p.add_argument("--gzip-upstream", action="store_true",

@@ -193,8 +193,43 @@ def test_tokens_are_kept_apart_and_the_relays_own_limits_answer_clearly(
             assert httpx.get(f"{relay}/relayz").json()["bodies"]["busy"] == 1
 
 
+class _SlowUpstream:
+    """An upstream that holds each PUT 0.3 s and counts how many it holds at once."""
+
+    def __init__(self) -> None:
+        self.now = self.peak = 0
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["method"] == "PUT":
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+            await asyncio.sleep(0.3)
+            self.now -= 1
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})  # fmt: skip
+        await send({"type": "http.response.body", "body": b"{}"})
+
+
+@pytest.mark.parametrize("limit", [3, 12])
+def test_registrations_pass_on_as_many_at_once_as_max_passthrough(limit: int) -> None:
+    upstream = _SlowUpstream()
+
+    async def register_all(relay: str) -> list[int]:
+        async with httpx.AsyncClient(timeout=30) as c:
+            puts = [c.put(f"{relay}/v2/jobs/j/topology/h{i}", json={}) for i in range(16)]
+            return [r.status_code for r in await asyncio.gather(*puts)]
+
+    with live_app(upstream, "/") as svc, live_relay(svc, max_passthrough=limit) as relay:
+        assert asyncio.run(register_all(relay)) == [200] * 16
+    assert upstream.peak == limit
+
+
 def test_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="max_bundle"):
         RelaySettings(upstream="http://x", max_bundle=0)
     with pytest.raises(ValueError, match="http"):
         RelaySettings(upstream="x:8000")
+    with pytest.raises(ValueError, match="max_passthrough"):
+        RelaySettings(upstream="http://x", max_passthrough=0)
