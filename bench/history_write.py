@@ -1,7 +1,8 @@
 """Writing one bucket of per-rank history (``history_every_steps`` frames), as the detection pass
 does: building it and inserting it into SQLite, and the bytes it adds to the database. Per-rank
 columns in one row (``service/jobs/history.py``, what the service writes) against a row per
-rank (what it wrote before revision 0007, rebuilt here as it was).
+rank (what it wrote before revision 0007, rebuilt here as it was). Then reading 120 buckets back
+as ``GET /v1/jobs/{job}/history`` does, for all ranks and for the slowest 1,024.
 
     python bench/history_write.py --ranks 1024 10240 102400
 """
@@ -18,6 +19,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -26,7 +28,13 @@ import sqlalchemy as sa  # noqa: E402
 from failslow.service.db import make_engine, make_sessionmaker, upgrade  # noqa: E402
 from failslow.service.detection.history import HistoryAccumulator  # noqa: E402
 from failslow.service.detection.persist import write_history  # noqa: E402
-from failslow.service.jobs.history import FIELDS  # noqa: E402
+from failslow.service.jobs.history import (  # noqa: E402
+    FIELDS,
+    RankColumns,
+    add_history,
+    bucket_row,
+    history,
+)
 from failslow.service.jobs.models import Job  # noqa: E402
 
 ROWS = sa.Table(  # the per-rank rows of revisions 0001-0006
@@ -121,16 +129,47 @@ def measure(n: int, every: int, buckets: int) -> dict[str, Any]:
     return out
 
 
+def measure_read(n: int, buckets: int, max_ranks: int) -> dict[str, Any]:
+    """``GET /v1/jobs/{job}/history``'s work: ``buckets`` buckets of ``n`` ranks read back, all
+    ranks and the ``max_ranks`` slowest; seconds of CPU and bytes of JSON."""
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as d:
+        engine = make_engine(f"sqlite:///{d}/h.db")
+        upgrade(engine)
+        sessions = make_sessionmaker(engine)
+        with sessions.begin() as s:
+            s.add(Job(id="j", first_seen_ns=0, last_seen_ns=0, watermark_ns=0))
+        for b in range(buckets):
+            cols = RankColumns(np.arange(n), np.full(n, 10),
+                               {f: rng.uniform(0.9, 1.1, n) for f in FIELDS})  # fmt: skip
+            job_row = {"job_id": "j", "bucket": b, "steps": 10, "end_ns": b, "step_time_s": 1.0,
+                       "step_time_max_s": 1.0, "slowdown": 1.0}  # fmt: skip
+            with sessions.begin() as s:
+                add_history(s, job_rows=[job_row], rank_rows=[bucket_row("j", b, b, cols)])
+        out: dict[str, Any] = {"ranks": n, "buckets": buckets}
+        for name, cut in (("all_ranks", None), (f"slowest_{max_ranks}", max_ranks)):
+            with sessions() as s:
+                t = time.process_time()
+                body = orjson.dumps(history(s, job="j", buckets=buckets, max_ranks=cut))
+                out[name] = {"cpu_s": round(time.process_time() - t, 3), "json_mb": len(body) / 1e6}
+        print(f"read {n} ranks x {buckets} buckets: {out}", file=sys.stderr, flush=True)
+        engine.dispose()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[1024, 10240, 102400])
     ap.add_argument("--every", type=int, default=10, help="frames per bucket")
     ap.add_argument("--buckets", type=int, default=3, help="buckets written (mean per bucket)")
+    ap.add_argument("--read-buckets", type=int, default=120, help="as the status page asks")
+    ap.add_argument("--max-ranks", type=int, default=1024, help="the endpoint's default")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     result = {
         "every": args.every,
-        "sizes": [measure(n, args.every, args.buckets) for n in args.ranks],
+        "write": [measure(n, args.every, args.buckets) for n in args.ranks],
+        "read": [measure_read(n, args.read_buckets, args.max_ranks) for n in args.ranks],
     }
     text = json.dumps(result, indent=1)
     print(text)

@@ -46,14 +46,25 @@ def test_columns_round_trip_as_float32_with_missing_values() -> None:
     )
 
 
+def test_only_the_columns_asked_for_are_read() -> None:
+    cols = _cols(100)
+    back = decode(encode(cols), ("score",))
+    assert list(back.values) == ["score"] and back.rank.tolist() == cols.rank.tolist()
+    np.testing.assert_allclose(back.values["score"], cols.values["score"], rtol=1e-7)
+
+
 def test_a_bucket_in_another_format_or_cut_short_is_refused() -> None:
     blob = encode(_cols(10))
     with pytest.raises(HistoryFormatError, match="unknown"):
         decode(b"XXXX" + blob[4:])
     with pytest.raises(HistoryFormatError, match="header"):
         decode(blob[:5])
-    with pytest.raises(HistoryFormatError, match="bytes for"):
+    with pytest.raises(HistoryFormatError, match="of rank for 11 ranks"):
         decode(blob[:4] + (11).to_bytes(4, "little") + blob[8:])
+    with pytest.raises(HistoryFormatError, match="cut short|score"):
+        decode(blob[:-3])
+    with pytest.raises(HistoryFormatError, match="read"):
+        decode(blob + b"x")
     with pytest.raises(ValueError, match="one entry per rank"):
         encode(RankColumns(np.arange(3), np.arange(2), {f: np.zeros(3) for f in FIELDS}))
 
@@ -122,6 +133,19 @@ def test_only_the_newest_buckets_of_rank_history_are_kept(sessions) -> None:  # 
         again = rank_history(s, job="j")
     assert sorted(again) == [20, 30, 40, 50]
     assert np.array_equal(again[50].rank, _cols(4, seed=99).rank)
+
+
+def test_a_bucket_that_cannot_be_read_is_left_out(sessions) -> None:  # type: ignore[no-untyped-def]
+    _write(sessions, 0, _cols(4), keep=None)
+    _write(sessions, 10, _cols(4, seed=1), keep=None)
+    with sessions.begin() as s:
+        row = s.get(RankHistoryBucket, ("j", 0))
+        row.data = b"FRH9" + row.data[4:]
+    with sessions() as s:
+        assert sorted(rank_history(s, job="j")) == [10]
+        answer = history(s, job="j", buckets=5)
+    assert [b["bucket"] for b in answer["buckets"]] == [0, 10]
+    assert all(r["score"][0] is None and r["score"][1] is not None for r in answer["ranks"])
 
 
 def test_the_read_puts_each_rank_in_its_bucket(sessions) -> None:  # type: ignore[no-untyped-def]

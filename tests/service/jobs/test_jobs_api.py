@@ -221,3 +221,42 @@ def test_history_is_downsampled_per_rank_and_job(streamed) -> None:  # type: ign
     assert row6["score"][0] == round(rank6[60]["score"], 6)
     by_bucket = {j.bucket: j for j in jobs}
     assert by_bucket[50].slowdown > 1.2 and by_bucket[10].slowdown < 1.05
+
+
+def test_history_shows_the_slowest_ranks_and_is_not_sent_again_unchanged(streamed) -> None:  # type: ignore[no-untyped-def]
+    client, _ = streamed
+    url = "/v1/jobs/train-1/history"
+    whole = client.get(url, params={"buckets": 11})
+    assert whole.status_code == 200 and whole.headers["content-type"] == "application/json"
+    body = whole.json()
+    assert body["ranks_total"] == 16 and len(body["ranks"]) == 16
+    lowest = {r["rank"]: min(s for s in r["score"] if s is not None) for r in body["ranks"]}
+    slowest = sorted(lowest, key=lambda r: (lowest[r], r))[:3]
+    assert slowest[0] == 6  # the slow GPU's rank
+    cut = client.get(url, params={"buckets": 11, "max_ranks": 3}).json()
+    assert [r["rank"] for r in cut["ranks"]] == sorted(slowest) and cut["ranks_total"] == 16
+    assert cut["buckets"] == body["buckets"]
+    tag = whole.headers["etag"]
+    again = client.get(url, params={"buckets": 11}, headers={"If-None-Match": tag})
+    assert again.status_code == 304 and again.headers["etag"] == tag and not again.content
+    other = client.get(url, params={"buckets": 5}, headers={"If-None-Match": tag})
+    assert other.status_code == 200 and other.headers["etag"] != tag
+    assert client.get("/v1/jobs/nope/history").status_code == 404
+
+
+def test_history_etag_changes_when_a_bucket_is_written(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    sc = Scenario(job="t", layout=Layout(tp=2, pp=1, dp=2, gpus_per_host=4), steps=30, seed=1)
+    sim = sc.simulation()
+    envelopes = list(sc.envelopes(sim))
+    with TestClient(create_app(Settings(database_url=f"sqlite:///{tmp_path / 'f.db'}"))) as c:
+        half = len(envelopes) // 2
+        for env in envelopes[:half]:
+            assert c.post("/v1/ingest", json=env).status_code == 200
+        c.post("/v1/jobs/t/evaluate")
+        first = c.get("/v1/jobs/t/history")
+        for env in envelopes[half:]:
+            assert c.post("/v1/ingest", json=env).status_code == 200
+        c.post("/v1/jobs/t/flush")
+        second = c.get("/v1/jobs/t/history", headers={"If-None-Match": first.headers["etag"]})
+    assert second.status_code == 200 and second.headers["etag"] != first.headers["etag"]
+    assert len(second.json()["buckets"]) > len(first.json()["buckets"])
