@@ -106,6 +106,14 @@ def test_status_page_shows_the_hang_and_approves_an_action(db_url: str, tmp_path
                     if e.text != "proposed"
                 ]
             )
+            # the page asks for the history every 2 s; unchanged, it is answered 304 (headers
+            # only) and the browser uses the body it has: transferred < body
+            sizes = driver.execute_script(
+                "return performance.getEntriesByType('resource')"
+                ".filter(e => e.name.includes('/history'))"
+                ".map(e => [e.transferSize, e.encodedBodySize]);"
+            )
+            assert len(sizes) >= 2 and any(0 < t < b for t, b in sizes[1:]), sizes
             errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
             assert errors == [], errors
         finally:
