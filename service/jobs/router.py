@@ -17,6 +17,7 @@ from failslow.service.jobs import history as job_history
 from failslow.service.jobs import service as jobs_db
 from failslow.service.jobs import views
 from failslow.service.jobs.schemas import JobDetail, JobSummary, RankOut
+from failslow.service.stream.reading import RankState
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -50,16 +51,32 @@ def get_job(job: JobId, ctx: CtxDep, session: SessionDep) -> JobDetail:
 
 
 @router.get("/{job}/ranks", response_model=list[RankOut], dependencies=[ReadAuth], summary="Ranks")
-def get_ranks(job: JobId, ctx: CtxDep, session: SessionDep) -> list[RankOut]:
+def get_ranks(
+    job: JobId,
+    ctx: CtxDep,
+    session: SessionDep,
+    state: Annotated[
+        list[RankState] | None,
+        Query(
+            description="Only ranks in these states (repeat it for several): at 100K ranks "
+            "the whole list is ~9 MB"
+        ),
+    ] = None,
+) -> list[RankOut]:
     if jobs_db.get_job(session, job=job) is None:
         raise NotFound(f"no job {job!r}")
-    state = ctx.jobs.get_or_load(job)
+    job_state = ctx.jobs.get_or_load(job)
     incident_ranks: dict[int, str] = {}
     for inc in incidents.list_incidents(session, job=job, state=IncidentFilter.OPEN):
         for r in inc.ranks:
             if incident_ranks.get(r) != IncidentKind.HANG:
                 incident_ranks[r] = inc.kind
-    return views.ranks(state, detection=ctx.detection, incident_ranks=incident_ranks)
+    return views.ranks(
+        job_state,
+        detection=ctx.detection,
+        incident_ranks=incident_ranks,
+        states=frozenset(state) if state else None,
+    )
 
 
 @router.get(

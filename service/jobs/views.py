@@ -163,8 +163,13 @@ def clock_view(state: JobState) -> dict[str, Any]:
 
 
 def ranks(
-    state: JobState, *, detection: DetectionReader, incident_ranks: dict[int, str]
+    state: JobState,
+    *,
+    detection: DetectionReader,
+    incident_ranks: dict[int, str],
+    states: frozenset[RankState] | None = None,
 ) -> list[RankOut]:
+    """Every rank of the job, or those in ``states``."""
     with state.lock:
         slot_rank = list(state.topology.slot_rank)
         info = {r: (state.topology.ranks[r].host, state.topology.ranks[r].gpu) for r in slot_rank}
@@ -186,6 +191,8 @@ def ranks(
             st = RankState.SLOW
         else:
             st = RankState.OK
+        if states is not None and st not in states:
+            continue
         out.append(
             RankOut(
                 rank=rank,

@@ -83,6 +83,7 @@ def test_status_page_shows_the_hang_and_approves_an_action(db_url: str, tmp_path
             width = driver.execute_script("return document.getElementById('heatmap').width")
             height = driver.execute_script("return document.getElementById('heatmap').height")
             assert width > 5 and height == 8  # buckets x ranks
+            assert "8 ranks on 4 hosts" in driver.find_element(By.ID, "jobmeta").text
             button = _wait(
                 lambda: driver.find_elements(
                     By.CSS_SELECTOR, f'tr[data-id="{proposed["id"]}"] button.approve'

@@ -127,6 +127,11 @@ def test_ranks(streamed) -> None:  # type: ignore[no-untyped-def]
     assert {r["state"] for r in ranks} == {"ok"}
     assert all(0.85 < r["score"] < 1.15 for r in ranks)
     assert ranks[6]["host"] == "node-001" and ranks[6]["gpu"] == 2
+    url = "/v1/jobs/train-1/ranks"
+    assert client.get(url, params={"state": "slow"}).json() == []
+    assert client.get(url, params={"state": ["slow", "ok"]}).json() == ranks
+    assert client.get(url, params={"state": "ok"}).json() == ranks
+    assert client.get(url, params={"state": "fast"}).status_code == 422
 
 
 def test_not_found_and_bad_parameters_are_problems(streamed) -> None:  # type: ignore[no-untyped-def]
