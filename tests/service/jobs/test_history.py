@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -99,8 +98,8 @@ def test_the_accumulator_emits_one_bucket_of_means_for_the_ranks_seen() -> None:
 
 
 @pytest.fixture()
-def sessions(tmp_path: Path):  # type: ignore[no-untyped-def]
-    engine = make_engine(f"sqlite:///{tmp_path / 'h.db'}")
+def sessions(db_url: str):  # type: ignore[no-untyped-def]
+    engine = make_engine(db_url)
     upgrade(engine)
     factory = make_sessionmaker(engine)
     with factory.begin() as s:
@@ -118,6 +117,7 @@ def _write(sessions, bucket: int, cols: RankColumns, keep: int | None) -> None: 
         write_history(s, [job_row], [bucket_row("j", bucket, bucket, cols)], keep=keep)
 
 
+@pytest.mark.both_databases
 def test_only_the_newest_buckets_of_rank_history_are_kept(sessions) -> None:  # type: ignore[no-untyped-def]
     for b in range(0, 60, 10):
         _write(sessions, b, _cols(4, seed=b), keep=4)
@@ -135,6 +135,7 @@ def test_only_the_newest_buckets_of_rank_history_are_kept(sessions) -> None:  # 
     assert np.array_equal(again[50].rank, _cols(4, seed=99).rank)
 
 
+@pytest.mark.both_databases
 def test_a_bucket_that_cannot_be_read_is_left_out(sessions) -> None:  # type: ignore[no-untyped-def]
     _write(sessions, 0, _cols(4), keep=None)
     _write(sessions, 10, _cols(4, seed=1), keep=None)
@@ -148,6 +149,7 @@ def test_a_bucket_that_cannot_be_read_is_left_out(sessions) -> None:  # type: ig
     assert all(r["score"][0] is None and r["score"][1] is not None for r in answer["ranks"])
 
 
+@pytest.mark.both_databases
 def test_the_read_puts_each_rank_in_its_bucket(sessions) -> None:  # type: ignore[no-untyped-def]
     a = RankColumns(np.array([5, 1]), np.array([10, 10]),
                     {f: np.array([0.5, 1.0]) for f in FIELDS})  # fmt: skip
