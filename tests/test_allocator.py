@@ -1,6 +1,7 @@
 """`failslow serve` keeps freed memory for reuse (cli.keep_freed_memory,
 Settings.allocator_keep_mib): the v2 core's array temporaries then stop faulting in fresh pages
-at every pass."""
+at every pass; and it runs Python's young collections less often (cli.collect_less_often,
+Settings.gc_young_objects)."""
 
 from __future__ import annotations
 
@@ -54,3 +55,34 @@ def test_the_setting_has_a_default_and_zero_turns_it_off(monkeypatch: pytest.Mon
     monkeypatch.setenv("FAILSLOW_ALLOCATOR_KEEP_MIB", "0")
     assert Settings().allocator_keep_mib == 0
     assert keep_freed_memory(0) is False
+
+
+# 200,000 container objects kept alive: each young collection finds them all still referenced
+YOUNG = """
+import gc, sys
+from failslow.cli import collect_less_often
+print(collect_less_often(int(sys.argv[1])))
+before = gc.get_stats()[0]["collections"]
+kept = [[i] for i in range(200_000)]
+print(gc.get_stats()[0]["collections"] - before)
+"""
+
+
+def young_collections(young: int) -> tuple[bool, int]:
+    out = subprocess.run(
+        [sys.executable, "-c", YOUNG, str(young)], capture_output=True, text=True, check=True,
+        timeout=60,
+    ).stdout.split()  # fmt: skip
+    return out[0] == "True", int(out[1])
+
+
+def test_the_collector_runs_young_collections_less_often(monkeypatch: pytest.MonkeyPatch) -> None:
+    from failslow.service.settings import Settings
+
+    set_, fewer = young_collections(Settings().gc_young_objects)
+    unset, default = young_collections(0)
+    assert set_ and not unset
+    assert default > 200  # every 700 allocations (every 10th a generation-1 one instead): 260
+    assert fewer <= 200_000 // 10_000 + 2
+    monkeypatch.setenv("FAILSLOW_GC_YOUNG_OBJECTS", "0")
+    assert Settings().gc_young_objects == 0
