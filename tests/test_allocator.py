@@ -5,6 +5,7 @@ Settings.gc_young_objects)."""
 
 from __future__ import annotations
 
+import argparse
 import platform
 import subprocess
 import sys
@@ -59,8 +60,8 @@ def test_the_setting_has_a_default_and_zero_turns_it_off(monkeypatch: pytest.Mon
 
 # 200,000 container objects kept alive: each young collection finds them all still referenced
 YOUNG = """
-import gc, sys
-from failslow.cli import collect_less_often
+import gc, importlib, sys
+collect_less_often = importlib.import_module(sys.argv[2]).collect_less_often
 print(collect_less_often(int(sys.argv[1])))
 before = gc.get_stats()[0]["collections"]
 kept = [[i] for i in range(200_000)]
@@ -68,19 +69,27 @@ print(gc.get_stats()[0]["collections"] - before)
 """
 
 
-def young_collections(young: int) -> tuple[bool, int]:
+def young_collections(young: int, module: str) -> tuple[bool, int]:
     out = subprocess.run(
-        [sys.executable, "-c", YOUNG, str(young)], capture_output=True, text=True, check=True,
-        timeout=60,
+        [sys.executable, "-c", YOUNG, str(young), module], capture_output=True, text=True,
+        check=True, timeout=60,
     ).stdout.split()  # fmt: skip
     return out[0] == "True", int(out[1])
 
 
-def test_the_collector_runs_young_collections_less_often(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("module", ["failslow.cli", "failslow.relay.cli"])
+def test_the_collector_runs_young_collections_less_often(
+    monkeypatch: pytest.MonkeyPatch, module: str
+) -> None:
+    from failslow.relay.cli import register
     from failslow.service.settings import Settings
 
-    set_, fewer = young_collections(Settings().gc_young_objects)
-    unset, default = young_collections(0)
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    relay_default = parser.parse_args(["relay", "--upstream", "http://x"]).gc_young_objects
+    assert Settings().gc_young_objects == relay_default == 10_000
+    set_, fewer = young_collections(10_000, module)
+    unset, default = young_collections(0, module)
     assert set_ and not unset
     assert default > 200  # every 700 allocations (every 10th a generation-1 one instead): 260
     assert fewer <= 200_000 // 10_000 + 2
