@@ -168,12 +168,12 @@ def write_history(
         return
     try:
         with s.begin_nested():
-            job_history.add_history(s, job_rows=job_rows, rank_rows=rank_rows, keep=keep)
+            job_history.add_history(s, job_rows=job_rows, rank_rows=rank_rows)
     except IntegrityError:
         for row in job_rows:
             s.merge(JobHistory(**row))
         for row in rank_rows:
             s.merge(RankHistoryBucket(**row))
-        if keep is not None:
-            for job in {r["job_id"] for r in rank_rows}:
-                job_history.prune(s, job=job, keep=keep)
+    if keep is not None:
+        for job in {r["job_id"] for r in rank_rows}:
+            job_history.prune(s, job=job, keep=keep)

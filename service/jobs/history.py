@@ -6,7 +6,7 @@ row per (job, bucket) holds every rank's means, little-endian arrays compressed 
 (:func:`encode`). A row per rank per bucket cost, at 102,400 ranks, 0.71 s of Python to build
 and 1.04 s to insert (SQLite) per bucket, inside the detection pass, and 81 bytes per rank per
 bucket on disk; as columns 0.074 s, 0.010 s and 17 bytes (``bench/history_write.py``). The
-newest ``keep`` buckets of per-rank history are kept per job (:func:`add_history`); the job's
+newest ``keep`` buckets of per-rank history are kept per job (:func:`prune`); the job's
 own rows (one per bucket) are kept whole.
 """
 
@@ -103,21 +103,13 @@ def bucket_row(job: str, bucket: int, end_ns: int, cols: RankColumns) -> dict[st
 
 
 def add_history(
-    session: Session,
-    *,
-    job_rows: list[dict[str, Any]],
-    rank_rows: list[dict[str, Any]],
-    keep: int | None = None,
+    session: Session, *, job_rows: list[dict[str, Any]], rank_rows: list[dict[str, Any]]
 ) -> None:
-    """Insert history rows (one bucket each; buckets are written once); then delete the job's
-    per-rank buckets older than its newest ``keep`` (None: keep all)."""
+    """Insert history rows (one bucket each; buckets are written once)."""
     if job_rows:
         session.execute(insert(JobHistory), job_rows)
     if rank_rows:
         session.execute(insert(RankHistoryBucket), rank_rows)
-        if keep is not None:
-            for job in {r["job_id"] for r in rank_rows}:
-                prune(session, job=job, keep=keep)
 
 
 def prune(session: Session, *, job: str, keep: int) -> None:
