@@ -16,6 +16,13 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
+from failslow.wire.process import (  # noqa: F401 - part of the command's interface
+    MMAP_THRESHOLD,
+    collect_less_often,
+    keep_freed_memory,
+    raise_file_limit,
+)
+
 
 def _settings(args: argparse.Namespace) -> object:
     from failslow.service.settings import Settings
@@ -32,51 +39,6 @@ def _settings(args: argparse.Namespace) -> object:
     except ValidationError as exc:
         msgs = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
         raise SystemExit(f"failslow: invalid settings: {msgs}") from None
-
-
-def raise_file_limit() -> int:
-    """Raise this process's soft limit of open files to its hard limit (a service holds one
-    connection per node agent); the limit now."""
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError):
-            pass
-    return soft
-
-
-MMAP_THRESHOLD = 32 << 20  # glibc's largest dynamic mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX)
-
-
-def keep_freed_memory(mib: int) -> bool:
-    """On glibc: keep up to ``mib`` MiB of freed memory in the process (M_TRIM_THRESHOLD) and
-    serve blocks under 32 MiB from the heap (M_MMAP_THRESHOLD), so that numpy's temporaries reuse
-    pages instead of faulting in new ones; whether it was set (False: 0, or not glibc)."""
-    import ctypes
-
-    if mib <= 0:
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # not glibc (musl, macOS): its allocator as it is
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
-    return bool(mallopt(m_mmap_threshold, MMAP_THRESHOLD) and mallopt(m_trim_threshold, mib << 20))
-
-
-def collect_less_often(young: int) -> bool:
-    """Python's collector: a young-generation collection every ``young`` allocations instead
-    of 700 (the older generations' thresholds unchanged); whether it was set (False: 0)."""
-    import gc
-
-    if young <= 0:
-        return False
-    gc.set_threshold(young, *gc.get_threshold()[1:])
-    return True
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
