@@ -49,8 +49,8 @@ def job_samples(ctx: AppContext) -> Iterator[JobSample]:
             stale_hosts = sum(1 for h in state.topology.hosts if state.host_stale(h, now))
             n_hosts = len(state.topology.hosts)
             clock_ahead, clock_held = len(state.clock.ahead_ns), state.clock.held_back
-            pending = state.joiner.pending_groups
-            inflight = state.joiner.inflight_count()
+            stats = state.join_stats()
+            pending, inflight = stats.pending_groups, stats.inflight
         name = job_state_name(state, kinds)
         series: list[tuple[int, str, float | None, float | None]] = []
         scores = ctx.detection.rank_scores(state.job) if slot_rank else None

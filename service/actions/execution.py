@@ -161,6 +161,6 @@ class Executor:
             )
             if state is not None:
                 with state.lock:
-                    out["abandoned_collectives"] = state.joiner.abandon()
+                    out["abandoned_collectives"] = state.abandon()
             return out
         return {}

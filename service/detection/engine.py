@@ -191,10 +191,7 @@ class DetectionEngine:
             if not state.persisted:
                 continue
             rt = self._runtimes.get(state.job)
-            joiner = state.joiner
-            waiting = bool(
-                state.frames.frames or state.frames.queue or joiner.staged or joiner.pending_groups
-            )
+            waiting = state.waiting()
             hung = rt is not None and HANG_KEY in rt.pipeline.opened
             if not (state.new_data or waiting or hung):
                 continue
@@ -213,11 +210,7 @@ class DetectionEngine:
                 if not rt.seeded:
                     self._seed(rt, state)
                 topo = state.topology
-                state.drain_ready()
-                closed = state.frames.advance(
-                    state.watermark_ns, topo.n_slots, flush=flush, world=topo.world_size
-                )
-                state.expire()
+                closed = state.close_frames(flush=flush)
                 state.new_data = False
                 if rt.shape is None or rt.shape_version != topo.version:
                     rt.shape = job_shape(topo)

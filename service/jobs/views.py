@@ -118,17 +118,19 @@ def detail(
         fb = state.frames
         with state.lock:  # what is staged is joined first: pending means incomplete
             state.drain_ready()
+            join = state.join_stats()
             detector = {
                 "frames_analysed": numbers.frames if numbers else 0,
                 "mode": "steps" if fb.has_steps else ("time" if fb.time_mode else "undecided"),
                 "open_frames": len(fb.frames),
-                "pending_collectives": state.joiner.pending_groups,
-                "staged_records": state.joiner.staged_records,
-                "inflight_collectives": state.joiner.inflight_count(),
-                "expired_collectives": state.joiner.expired,
-                "join_conflicts": state.joiner.conflicts,
-                "join_duplicates": state.joiner.duplicates,
-                "dropped_contributions": fb.dropped_contributions,
+                "pending_collectives": join.pending_groups,
+                "staged_records": join.staged_records,
+                "inflight_collectives": join.inflight,
+                "expired_collectives": join.expired,
+                "join_conflicts": join.conflicts,
+                "join_duplicates": join.duplicates,
+                "dropped_contributions": state.dropped_contributions(),
+                "shards": state.shards.count if state.shards is not None else 0,
                 "late_steps": fb.late_steps,
                 "clock": clock_view(state),
                 "open_subjects": sorted(numbers.open_subjects) if numbers else [],

@@ -13,6 +13,7 @@ All of it is whole-array work: the cost per record is a share of one sort and a 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,6 +78,7 @@ class PendingGroup:
     positions: np.ndarray  # member positions that reported
     starts: np.ndarray  # their starts
     ends: np.ndarray  # their ends (-1: in flight)
+    arrival: int = 0  # the job's number of its first member record to arrive
 
 
 def _empty() -> dict[str, np.ndarray]:
@@ -147,7 +149,8 @@ class Joiner:
         n = int(cols["comm"].size)
         if not n:
             return
-        cols["arrival"] = np.arange(self.arrivals, self.arrivals + n, dtype=np.int64)
+        if "arrival" not in cols:  # numbered by the job's owner when the join is sharded
+            cols["arrival"] = np.arange(self.arrivals, self.arrivals + n, dtype=np.int64)
         self.arrivals += n
         self.staged.append(cols)
         self.staged_records += n
@@ -243,6 +246,20 @@ class Joiner:
         if len(parts) == 1:
             return parts[0]
         return {c: np.concatenate([p[c] for p in parts]) for c in COLUMNS}
+
+    def note_ends(self, slot: np.ndarray, end: np.ndarray, n_slots: int) -> None:
+        """``last_end`` from member records that are joined elsewhere (a sharded job's owner)."""
+        self.n_slots = max(self.n_slots, n_slots)
+        self._note_ends(slot, end)
+
+    def retain(self, select: Callable[[dict[str, np.ndarray]], np.ndarray] | None = None) -> None:
+        """Keep only the pending (and staged) records that ``select`` picks from the pending
+        columns (None: none); the others were handed to shards, not expired."""
+        self.join_pending_only()
+        keep = select(self.pending) if select is not None else np.zeros(0, np.int64)
+        self.pending, self._pkey = _take(self.pending, np.flatnonzero(keep)), None
+        key = self._pending_key()
+        self.pending_groups = int(key.size and 1 + np.count_nonzero(key[1:] != key[:-1]))
 
     def _note_ends(self, slot: np.ndarray, end: np.ndarray) -> None:
         """``last_end``: per slot, the end of its newest completed call among new records."""
@@ -380,7 +397,8 @@ class Joiner:
         bounds = np.r_[first, p["comm"].size]
         oldest = np.minimum.reduceat(p["start"], first)
         seen = np.minimum.reduceat(p["seen"], first)
-        order = self._arrival_order(first)
+        arrival = np.minimum.reduceat(p["arrival"], first)
+        order = np.argsort(arrival, kind="stable")
         inside = None
         if started_before_ns is not None:
             young = np.flatnonzero(oldest[order] >= started_before_ns)
@@ -402,7 +420,7 @@ class Joiner:
             out.append(
                 PendingGroup(
                     int(p["comm"][a]), int(p["seq"][a]), int(oldest[g]), int(seen[g]),
-                    p["pos"][a:b], p["start"][a:b], p["end"][a:b],
+                    p["pos"][a:b], p["start"][a:b], p["end"][a:b], int(arrival[g]),
                 )  # fmt: skip
             )
         return out

@@ -49,6 +49,7 @@ class JobRegistry:
     def _let_go(self, state: JobState) -> None:
         self.members.release(state.topology.comm_members)
         state.topology.budget = None
+        state.close()
 
     def adopt(self, job: str, state: JobState) -> None:
         """Hold ``state`` for ``job`` (a replica resuming a job from its snapshot)."""

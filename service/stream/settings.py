@@ -84,6 +84,20 @@ class StateSettings(BaseModel):
         "0.3-0.6 s at 10K ranks and ~3.4 s at 100K before ranks, hosts and comms were pickled "
         "by position (docs/replicas.md).",
     )
+    shards: int = Field(
+        default=0,
+        ge=0,
+        le=64,
+        description="Shard processes per large job (0: none, every job in the process that owns "
+        "it): the join and frame sums of a job of at least shard_min_ranks ranks run in this "
+        "many processes besides its owner, by communicator (docs/ingest-v2.md, One job across "
+        "processes). 1 already moves the join off the owner's core.",
+    )
+    shard_min_ranks: int = Field(
+        default=4096,
+        ge=1,
+        description="Smallest declared world size whose job is sharded (when shards > 0).",
+    )
     time_frame_s: float = Field(
         default=1.0, gt=0, description="Frame length for jobs that send no step records."
     )

@@ -107,7 +107,7 @@ def blocked_collectives(
     out: list[BlockedCollective] = []
     comms = state.topology.comm_list
     newest = state.frames.newest_end
-    groups = state.joiner.groups(
+    groups = state.pending_groups(
         started_before_ns=older_than_ns, limit=MAX_BLOCKED, inside_only=True
     )
     for g in groups:

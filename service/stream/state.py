@@ -16,13 +16,15 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from failslow.detectors.types import Frame
+from failslow.service.stream.assembly import Assembly
 from failslow.service.stream.clock import EventClock
 from failslow.service.stream.frames import FrameBuilder
-from failslow.service.stream.join import Joiner
+from failslow.service.stream.join import Joiner, PendingGroup
 from failslow.service.stream.ledger import Ledger
 from failslow.service.stream.records import (
     Envelope,
@@ -33,13 +35,13 @@ from failslow.service.stream.records import (
     StepRecord,
 )
 from failslow.service.stream.settings import Limits, StateSettings
+from failslow.service.stream.shards.pool import Shards
+from failslow.service.stream.shards.reduce import reduce_frames
+from failslow.service.stream.shards.worker import JoinStats, stats_of
 from failslow.service.stream.topology import Topology
 
 if TYPE_CHECKING:
     from failslow.service.stream.columnar import HostTopology
-
-STEP_RING = 16  # step records remembered per rank
-JOIN_EVERY_STEPS = STEP_RING // 2  # join before a rank's step intervals could be recycled
 
 
 @dataclass(slots=True)
@@ -87,24 +89,17 @@ class JobState:
             max_comms=self.limits.comms,
             max_comm_members=self.limits.comm_members,
         )
-        self.joiner = Joiner(
-            max_pending=self.limits.pending, retention_ns=int(settings.retention_s * 1e9)
-        )
+        self.assembly = Assembly(settings, self.limits)
         self.ledger = Ledger(max_entries=self.limits.done)
         self._limits_world: int | None = None
-        self.frames = FrameBuilder(
-            grace_ns=int(settings.frame_grace_s * 1e9),
-            time_frame_ns=int(settings.time_frame_s * 1e9),
-            max_open_frames=settings.max_open_frames,
-            ring=STEP_RING,
-        )
+        self.shards: Shards | None = None  # the join in other processes (stream/shards)
+        self.held_frames: list[Frame] = []  # closed here, waiting for the shards' parts
         self.registrations: dict[str, OrderedDict[str, HostTopology]] = {}  # v2, per host
         # v2 registrations not yet stored: host -> digest -> canonical JSON
         self.new_registrations: dict[str, dict[str, bytes]] = {}
         # stored before a restart and not used since: host -> digest -> canonical JSON, oldest
         # first; each is registered again when an envelope first names it
         self.stored_registrations: dict[str, dict[str, bytes]] = {}
-        self.steps_since_join = np.zeros(0, np.int64)  # per slot
         self.clock = EventClock(
             tolerance_ns=int(settings.clock_tolerance_s * 1e9), live_s=settings.clock_live_s
         )
@@ -116,6 +111,18 @@ class JobState:
         self.persisted = False  # the jobs row exists
         self.committing = 0  # commits in progress that took this job's counters
         self.new_data = False  # something arrived since the last detection pass
+
+    @property
+    def joiner(self) -> Joiner:
+        """The join in this process (a sharded job's holds only ``last_end``: its own stays
+        empty, see :meth:`join_stats` and :meth:`pending_groups`)."""
+        return self.assembly.joiner
+
+    @property
+    def frames(self) -> FrameBuilder:
+        """Frames in this process: every step record; a sharded job's collectives are placed
+        in its shards and added in :meth:`close_frames`."""
+        return self.assembly.frames
 
     # -- ingest --------------------------------------------------------------------------------
     def apply(self, env: Envelope) -> ApplyResult:
@@ -165,15 +172,23 @@ class JobState:
         self.clock.restore(value)
 
     def scale_limits(self, world: int | None = None) -> None:
-        """Bounds from the declared world size (``world``, or the topology's)."""
+        """Bounds from the declared world size (``world``, or the topology's); a job that
+        reaches ``shard_min_ranks`` is split over its shard processes."""
         world = max(world or 0, self.topology.world_size or 0) or None
+        n = self.settings.shards
+        if self.shards is None and n and (world or 0) >= self.settings.shard_min_ranks:
+            self.shards = Shards(self.job, n, self.settings)
+            self.shards.split(self.assembly, self.topology)
+            self.shards.limits(self.limits)
         if world == self._limits_world:
             return
         self._limits_world = world
         self.limits = lim = Limits.of(self.settings, world)
         self.topology.max_comms, self.topology.max_comm_members = lim.comms, lim.comm_members
-        self.joiner.max_pending = lim.pending
+        self.assembly.scale(lim)
         self.ledger.max_entries = lim.done
+        if self.shards is not None:
+            self.shards.limits(lim)
 
     def finish(
         self,
@@ -220,11 +235,13 @@ class JobState:
         return delta
 
     def add_step(self, slot: int, rec: StepRecord) -> Outcome:
-        """Add one step record (raises RecordError on a conflicting re-send).
-        Staged collectives are joined first when this rank's step intervals could otherwise be
-        recycled before they were placed."""
-        self._guard_ring(np.array([slot]))
-        return self.frames.add_step(slot, rec, self.topology.n_slots)
+        """Add one step record (raises RecordError on a conflicting re-send)."""
+        out = self.assembly.add_step(slot, rec, self.topology)
+        if self.shards is not None and out is Outcome.NEW:
+            self.shards.steps(np.array([slot]), np.array([rec.step]), np.array([rec.start_ns]),
+                              np.array([rec.end_ns]), np.array([rec.work]),
+                              self.topology)  # fmt: skip
+        return out
 
     def add_steps(
         self,
@@ -235,50 +252,104 @@ class JobState:
         work: np.ndarray | None = None,
     ) -> tuple[np.ndarray, list[tuple[int, RecordError]]]:
         """Many step records at once (see :meth:`FrameBuilder.add_steps`)."""
-        distinct = len(set(slot.tolist())) == slot.size
-        self._guard_ring(slot, distinct)
-        return self.frames.add_steps(
-            slot, step, start, end, self.topology.n_slots, distinct, work=work
-        )
-
-    def _guard_ring(self, slots: np.ndarray, distinct: bool = False) -> None:
-        n = self.topology.n_slots
-        if self.steps_since_join.size < n:
-            self.steps_since_join = np.concatenate(
-                [self.steps_since_join, np.zeros(n - self.steps_since_join.size, np.int64)]
-            )
-        if not slots.size:
-            return
-        if distinct or slots.size == 1:
-            if int(self.steps_since_join[slots].max()) + 1 > JOIN_EVERY_STEPS:
-                self.drain_ready()
-            self.steps_since_join[slots] += 1
-            return
-        per_slot = np.unique(slots, return_counts=True)[1].max()
-        if int(self.steps_since_join[slots].max()) + int(per_slot) > JOIN_EVERY_STEPS:
-            self.drain_ready()
-        np.add.at(self.steps_since_join, slots, 1)
+        fresh, errors = self.assembly.add_steps(slot, step, start, end, self.topology, work)
+        if self.shards is not None and fresh.any():
+            w = None if work is None else work[fresh]
+            self.shards.steps(slot[fresh], step[fresh], start[fresh], end[fresh], w, self.topology)
+        return fresh, errors
 
     def stage(self, members: dict[str, np.ndarray]) -> None:
         """Validated member records for the join (see :data:`join.COLUMNS`)."""
-        self.joiner.stage(members, self.topology.n_slots)
-        if self.joiner.staged_records > self.limits.pending:
-            self.drain_ready()  # bound what waits for the next pass
+        if self.shards is None:
+            self.assembly.stage(members, self.topology)
+            return
+        frames = self.assembly.frames
+        if frames.first_record_ns is None and members["start"].size:
+            frames.first_record_ns = int(members["start"].min())  # for the time-frame fallback
+        self.assembly.joiner.note_ends(members["slot"], members["end"], self.topology.n_slots)
+        self.shards.stage(members, self.topology)
 
     def drain_ready(self) -> None:
         """Join what is staged and hand completed collectives to the frame builder (lateness
-        is computed there)."""
-        if self.joiner.staged:
-            sizes, kinds = self.topology.comm_arrays()
-            self.frames.add_collectives(self.joiner.join(sizes, kinds), self.topology)
-        self.steps_since_join[:] = 0
+        is computed there). A sharded job's shards join on their own and at every pass."""
+        self.assembly.drain_ready(self.topology)
+
+    def close_frames(self, *, flush: bool = False) -> list[Frame]:
+        """A detection pass's part: join, close the frames that are due, expire incomplete
+        collectives past retention. Sharded: the frames closed at the previous pass, with the
+        shards' parts added up (every pass asks the shards and takes the previous answers, so
+        the owner does not wait for their joins; ``flush`` waits for all)."""
+        topo = self.topology
+        self.assembly.drain_ready(topo)
+        fb = self.assembly.frames
+        closed = fb.advance(self.watermark_ns, topo.n_slots, flush=flush, world=topo.world_size)
+        if self.shards is not None:
+            # the shards' parts of this pass come with the next one: this pass's frames wait
+            results = self.shards.run_pass(
+                self.watermark_ns, topo.n_slots, flush, topo.world_size, fb.time_mode
+            )
+            held, self.held_frames = self.held_frames, closed
+            if flush:
+                held, self.held_frames = held + closed, []
+            closed = []
+            if results is not None:
+                closed = reduce_frames([held, *(r.frames for r in results)])
+                fb.last_progress_ns = max([fb.last_progress_ns,
+                                           *(r.last_progress_ns for r in results)])  # fmt: skip
+                for r in results:
+                    self._retire(r.expired)
+        self.expire()
+        return closed
 
     def expire(self) -> int:
         """Drop incomplete collectives past retention; their re-sends are duplicates now."""
-        gone = self.joiner.expire(self.watermark_ns)
+        return self._retire(self.assembly.expire(self.watermark_ns))
+
+    def _retire(self, gone: np.ndarray) -> int:
         for comm, seq in gone.tolist():
             self.ledger.retire(comm, seq)
         return int(gone.shape[0])
+
+    def waiting(self) -> bool:
+        """Frames open, contributions queued or collectives incomplete: a pass has work."""
+        f, j = self.assembly.frames, self.assembly.joiner
+        local = bool(f.frames or f.queue or j.staged or j.pending_groups)
+        return local or (self.shards is not None and self.shards.waiting())
+
+    def dropped_contributions(self) -> int:
+        """Contributions whose frame had closed (as of the last pass, for the shards')."""
+        own = self.assembly.frames.dropped_contributions
+        return own + (self.shards.dropped() if self.shards is not None else 0)
+
+    def join_stats(self) -> JoinStats:
+        """The join's counts, over the shards when there are any."""
+        out = stats_of(self.assembly)
+        return out if self.shards is None else out + self.shards.stats()
+
+    def pending_groups(
+        self,
+        *,
+        started_before_ns: int | None = None,
+        limit: int | None = None,
+        inside_only: bool = False,
+    ) -> list[PendingGroup]:
+        """Incomplete collectives (see :meth:`Joiner.groups`), over the shards when there are
+        any (each shard's cut by ``started_before_ns`` is its own)."""
+        kw: dict[str, Any] = {"started_before_ns": started_before_ns, "limit": limit,
+                              "inside_only": inside_only}  # fmt: skip
+        if self.shards is None:
+            return self.assembly.joiner.groups(**kw)
+        return self.shards.groups(**kw)
+
+    def abandon(self) -> int:
+        """Drop every incomplete collective (the job restarted: its members are gone)."""
+        count = self.assembly.joiner.abandon()
+        return count + (self.shards.abandon() if self.shards is not None else 0)
+
+    def close(self) -> None:
+        """Leaving memory: stop the shard processes."""
+        if self.shards is not None:
+            self.shards.close()
 
     # -- views ---------------------------------------------------------------------------------
     def idle(self) -> bool:

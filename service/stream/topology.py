@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -158,6 +158,10 @@ class Topology:
     def n_slots(self) -> int:
         return len(self.slot_rank)
 
+    @property
+    def n_comms(self) -> int:
+        return len(self.comm_list)
+
     def announce_rank(self, host: str, ann: RankAnnouncement) -> None:
         info = self.ranks.get(ann.rank) or self._new_rank(ann.rank)
         changed = False
@@ -272,3 +276,19 @@ class Topology:
 
     def slots_of_hosts(self, hosts: set[str]) -> set[int]:
         return {self.ranks[r].slot for h in hosts if h in self.hosts for r in self.hosts[h].ranks}
+
+
+class CommTable(Protocol):
+    """What the join and the frame builder read of a job's topology."""
+
+    @property
+    def n_slots(self) -> int: ...
+
+    @property
+    def n_comms(self) -> int: ...
+
+    def comm_arrays(self) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def slot_table(self, size: int) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def member_slots(self, size: int, comm_index: np.ndarray) -> np.ndarray: ...

@@ -21,7 +21,7 @@ from failslow.service.stream.frames.accumulator import CHUNK, NS, FrameAcc
 from failslow.service.stream.frames.placement import Placement
 from failslow.service.stream.join import ReadyBatch
 from failslow.service.stream.records import Outcome, RecordError, Reject, StepRecord
-from failslow.service.stream.topology import Topology
+from failslow.service.stream.topology import CommTable
 
 
 class FrameBuilder(Placement):
@@ -168,7 +168,7 @@ class FrameBuilder(Placement):
             acc.end_ns = max(acc.end_ns, int(en.max()))
         return fresh, errors
 
-    def add_collectives(self, batches: list[ReadyBatch], topology: Topology) -> None:
+    def add_collectives(self, batches: list[ReadyBatch], topology: CommTable) -> None:
         """Compute lateness for batches of completed collectives (one per member count) and
         attribute it to frames.
 
@@ -177,7 +177,7 @@ class FrameBuilder(Placement):
         cannot be placed yet (its rank's step record has not come) is queued for
         :meth:`attribute`.
         """
-        self.n_comms = max(self.n_comms, len(topology.comm_list))
+        self.n_comms = max(self.n_comms, topology.n_comms)
         for b in batches:
             if len(b) == 0:
                 continue
@@ -223,15 +223,25 @@ class FrameBuilder(Placement):
 
     # -- closing -------------------------------------------------------------------------------
     def advance(
-        self, watermark_ns: int, n_slots: int, *, flush: bool = False, world: int | None = None
+        self,
+        watermark_ns: int,
+        n_slots: int,
+        *,
+        flush: bool = False,
+        world: int | None = None,
+        time_mode: bool | None = None,
     ) -> list[Frame]:
         """Attribute queued contributions and close every frame that is due, oldest first.
 
         A step frame is complete once as many ranks reported it as reported the previous one
         (for the first frame: the announced world size); otherwise it closes ``grace`` after its
-        last record in event time.
+        last record in event time. ``time_mode``: whether the job has fallen back to time frames,
+        as the job's owner decided (a shard, :mod:`..shards`); None: decide here.
         """
-        if (
+        if time_mode is not None:
+            if time_mode and not self.has_steps:
+                self.time_mode = True
+        elif (
             not self.has_steps
             and not self.time_mode
             and self.first_record_ns is not None

@@ -33,7 +33,7 @@ def run(jit: bool, n: int = 512) -> tuple[list, FrameBuilder]:  # type: ignore[t
     (they wait in the queue), even steps' after (placed at once); two frames are open at once,
     and every third step also brings collectives of a step already closed (dropped)."""
     state, groups = build(n)
-    state.frames = FrameBuilder(
+    state.assembly.frames = FrameBuilder(
         grace_ns=10 * int(NS), time_frame_ns=int(NS), max_open_frames=8, jit=jit
     )
     rng = np.random.default_rng(7)

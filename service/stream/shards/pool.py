@@ -1,0 +1,259 @@
+"""The owner's side of a sharded job: its shard processes, what goes to which, and the pass.
+
+Requests that need no answer (comms, member and step records) are written to each shard's pipe
+and not waited for: a shard works on them while the owner checks the next envelope. A pipe holds
+~64 KiB; when a shard falls behind, writing to it waits, which slows ingest of that job down to
+what its shards can take (back-pressure, nothing dropped). A pass asks every shard at once and
+then reads every answer, so the shards join and close frames side by side.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing as mp
+import pickle
+import weakref
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import numpy as np
+
+from failslow.service.stream.assembly import Assembly
+from failslow.service.stream.join import PendingGroup
+from failslow.service.stream.settings import Limits, StateSettings
+from failslow.service.stream.shards.ring import Ring, wait_a_little
+from failslow.service.stream.shards.table import delta_of
+from failslow.service.stream.shards.worker import (
+    JoinStats,
+    Msg,
+    PassResult,
+    merge_groups,
+    serve,
+)
+from failslow.service.stream.topology import Topology
+from failslow.wire import process
+
+log = logging.getLogger(__name__)
+RING_BYTES = 64 << 20  # per shard: ~1M member records on their way
+COMPACT = {"comm": np.int32, "pos": np.int32, "slot": np.int32}  # smaller on the way over
+
+
+class ShardFailed(RuntimeError):
+    """A shard process failed or exited: the job's joins on it are lost."""
+
+
+def _stop(procs: list[BaseProcess], conns: list[Connection], rings: list[Ring]) -> None:
+    for c in conns:
+        with contextlib.suppress(OSError, ValueError):
+            c.send((Msg.STOP, None, False))
+    for p in procs:
+        p.join(timeout=2)
+        if p.is_alive():
+            p.kill()
+    for r in rings:
+        r.close(unlink=True)
+
+
+class Shards:
+    """``count`` shard processes of one job. Used under the job's lock."""
+
+    def __init__(self, job: str, count: int, settings: StateSettings) -> None:
+        self.job, self.count, self.settings = job, count, settings
+        self.procs: list[BaseProcess] = []
+        self.conns: list[Connection] = []
+        self.rings: list[Ring] = []  # member records to each shard (shared memory)
+        self.sent_comms = 0  # comms every shard knows
+        self.sent_slots = 0
+        self.arrivals = 0  # member records numbered so far (the job's arrival order)
+        self.blobs: list[bytes] | None = None  # from a snapshot: loaded when started
+        self.last: list[PassResult] = []
+        self.asked = False  # a pass was asked and its answers not read yet
+        self.kept: list[PassResult] | None = None  # read early (by another request), not used
+        self._finalizer: weakref.finalize | None = None
+
+    # -- processes -----------------------------------------------------------------------------
+    def start(self) -> None:
+        if self.procs:
+            return
+        ctx = mp.get_context("spawn")  # the service has threads: never fork it
+        for i in range(self.count):
+            mine, theirs = ctx.Pipe()
+            ring = Ring(RING_BYTES)
+            self.rings.append(ring)
+            p = ctx.Process(
+                target=serve,
+                args=(theirs, self.settings, i, self.count, ring.name, process.current()),
+                name=f"failslow-shard-{i}", daemon=True,
+            )  # fmt: skip
+            p.start()
+            theirs.close()
+            self.procs.append(p)
+            self.conns.append(mine)
+        self._finalizer = weakref.finalize(self, _stop, self.procs, self.conns, self.rings)
+        log.info("job %s: %d shard processes started", self.job, self.count)
+        if self.blobs is not None:
+            for conn, blob in zip(self.conns, self.blobs, strict=True):
+                self._send(conn, Msg.LOAD, (blob, False))
+            self.blobs = None
+
+    def close(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer()
+        self.procs, self.conns, self.rings = [], [], []
+
+    def split(self, assembly: Assembly, topology: Topology) -> None:
+        """Start from the owner's assembly: each shard takes its comms' pending records and the
+        frames' step records; the owner keeps what it placed, and forgets what is pending."""
+        assembly.drain_ready(topology)
+        blob = pickle.dumps(assembly, protocol=pickle.HIGHEST_PROTOCOL)
+        self.start()
+        for conn in self.conns:
+            self._send(conn, Msg.LOAD, (blob, True))
+        self.sync(topology)
+        self.arrivals = assembly.joiner.arrivals
+        assembly.joiner.retain()
+
+    def _send(self, conn: Connection, msg: Msg, arg: Any, answer: bool = False) -> None:
+        try:
+            conn.send((msg, arg, answer))
+        except (OSError, ValueError) as exc:
+            raise self._failed(conn) from exc
+
+    def _recv(self, conn: Connection) -> Any:
+        try:
+            ok, out = conn.recv()
+        except (OSError, EOFError) as exc:
+            raise self._failed(conn) from exc
+        if not ok:
+            raise ShardFailed(f"job {self.job}: shard {self.conns.index(conn)}: {out}")
+        return out
+
+    def _failed(self, conn: Connection) -> ShardFailed:
+        i = self.conns.index(conn)
+        p = self.procs[i]
+        p.join(timeout=1)
+        return ShardFailed(f"job {self.job}: shard process {i} exited (code {p.exitcode})")
+
+    def _ask(self, msg: Msg, arg: Any) -> list[Any]:
+        if self.asked:  # a pass's answers come first: kept for the next pass
+            self.kept = self.answers()
+        self.start()
+        for conn in self.conns:
+            self._send(conn, msg, arg, answer=True)
+        return [self._recv(conn) for conn in self.conns]
+
+    # -- input ---------------------------------------------------------------------------------
+    def sync(self, topology: Topology) -> None:
+        """Tell every shard of comms and slots added since the last time."""
+        if topology.n_comms == self.sent_comms and topology.n_slots == self.sent_slots:
+            return
+        self.start()
+        delta = delta_of(topology, self.sent_comms)
+        for conn in self.conns:
+            self._send(conn, Msg.TABLE, delta)
+        self.sent_comms, self.sent_slots = topology.n_comms, topology.n_slots
+
+    def limits(self, limits: Limits) -> None:
+        self.start()
+        for conn in self.conns:
+            self._send(conn, Msg.LIMITS, limits)
+
+    def stage(self, members: dict[str, np.ndarray], topology: Topology) -> None:
+        """Member records to the shard of their comm, numbered in the job's arrival order."""
+        self.sync(topology)
+        n = int(members["comm"].size)
+        members["arrival"] = np.arange(self.arrivals, self.arrivals + n, dtype=np.int64)
+        self.arrivals += n
+        if self.count == 1:
+            self._stage(0, members)
+            return
+        shard = members["comm"] % self.count
+        order = np.argsort(shard, kind="stable")
+        bounds = np.searchsorted(shard[order], np.arange(self.count + 1))
+        for i in range(self.count):
+            lo, hi = int(bounds[i]), int(bounds[i + 1])
+            if hi > lo:
+                part = order[lo:hi]
+                self._stage(i, {c: v[part] for c, v in members.items()})
+
+    def _stage(self, i: int, cols: dict[str, np.ndarray]) -> None:
+        conn = self.conns[i]
+
+        def wait() -> None:
+            if not self.procs[i].is_alive():
+                raise self._failed(conn)
+            wait_a_little()
+
+        placed = self.rings[i].write(cols, wait, COMPACT)
+        self._send(conn, Msg.STAGE, cols if placed is None else placed)
+
+    def steps(self, slot: np.ndarray, step: np.ndarray, start: np.ndarray, end: np.ndarray,
+              work: np.ndarray | None, topology: Topology) -> None:  # fmt: skip
+        """Accepted step records, to every shard (placing a collective needs its rank's step)."""
+        if not slot.size:
+            return
+        self.sync(topology)
+        for conn in self.conns:
+            self._send(conn, Msg.STEPS, (slot, step, start, end, work))
+
+    # -- passes and views ----------------------------------------------------------------------
+    def run_pass(
+        self, watermark_ns: int, n_slots: int, flush: bool, world: int | None, time_mode: bool
+    ) -> list[PassResult] | None:
+        """Ask every shard for a pass; the answers to the *previous* pass (None: there was
+        none), so that the owner goes on checking envelopes while the shards join. ``flush``:
+        wait for this pass's answers too, and return both (the previous pass's first)."""
+        before = self.answers()
+        self.start()
+        for conn in self.conns:
+            self._send(conn, Msg.PASS, (watermark_ns, n_slots, flush, world, time_mode), True)
+        self.asked = True
+        if not flush:
+            return before
+        now = self.answers()
+        assert now is not None
+        if before is None:
+            return now
+        return [PassResult(a.frames + b.frames, np.concatenate([a.expired, b.expired]),
+                           b.last_progress_ns, b.dropped_contributions, b.pending_groups,
+                           b.staged_records)
+                for a, b in zip(before, now, strict=True)]  # fmt: skip
+
+    def answers(self) -> list[PassResult] | None:
+        """The answers to the pass asked last, once (None: none was asked since)."""
+        if self.kept is not None:
+            out, self.kept = self.kept, None
+            return out
+        if not self.asked:
+            return None
+        self.asked = False
+        self.last = [self._recv(conn) for conn in self.conns]
+        return self.last
+
+    def waiting(self) -> bool:
+        """Something was pending or staged at the last pass (or nothing was asked yet)."""
+        return not self.last or any(r.pending_groups or r.staged_records for r in self.last)
+
+    def dropped(self) -> int:
+        return sum(r.dropped_contributions for r in self.last)
+
+    def stats(self) -> JoinStats:
+        return sum(self._ask(Msg.STATS, None), JoinStats())
+
+    def groups(self, **kwargs: Any) -> list[PendingGroup]:
+        return merge_groups(self._ask(Msg.GROUPS, kwargs), kwargs.get("limit"))
+
+    def abandon(self) -> int:
+        return int(sum(self._ask(Msg.ABANDON, None)))
+
+    # -- snapshots -----------------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        blobs = self.blobs if self.blobs is not None else self._ask(Msg.DUMP, None)
+        return {"job": self.job, "count": self.count, "settings": self.settings,
+                "arrivals": self.arrivals, "blobs": blobs, "kept": self.kept}  # fmt: skip
+
+    def __setstate__(self, d: dict[str, Any]) -> None:
+        self.__init__(d["job"], d["count"], d["settings"])  # type: ignore[misc]
+        self.arrivals, self.blobs, self.kept = d["arrivals"], d["blobs"], d["kept"]

@@ -1,0 +1,200 @@
+"""A job's join and frames split over shard processes (stream/shards) give what one process
+gives: the same closed frames (every array), join counts, incomplete collectives in the same
+order, through a snapshot and a split in the middle of the job; a shard that dies is reported
+as such."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import signal
+from typing import Any
+
+import numpy as np
+import pytest
+
+from failslow.detectors.types import Frame
+from failslow.service.stream import v2apply
+from failslow.service.stream.settings import StateSettings
+from failslow.service.stream.shards.pool import ShardFailed, Shards
+from failslow.service.stream.state import JobState
+from tests.service.stream.test_v2apply import (
+    Envelope,
+    _answer,
+    _job,
+    _same,
+    _state,
+    _traffic,
+)
+
+SHARDED = {"shards": 2, "shard_min_ranks": 1}
+
+
+def _sharded(hosts: Any, jit: bool, **settings: Any) -> JobState:
+    state = _state(hosts, jit)
+    state.settings = StateSettings(**(SHARDED | settings))
+    state.scale_limits()
+    return state
+
+
+def _fields(f: Frame) -> dict[str, Any]:
+    return {x.name: getattr(f, x.name) for x in dataclasses.fields(f)}
+
+
+def _run(state: JobState, traffic: list[Envelope], step_ns: int, every: int) -> list[Any]:
+    """Apply in groups, a detection pass's part after every ``every`` envelopes, then flush."""
+    out: list[Any] = []
+    for i in range(0, len(traffic), every):
+        answers = v2apply.apply_v2_many(state, traffic[i : i + every])
+        out.append([_answer(a) for a in answers])
+        out.append([_fields(f) for f in state.close_frames()])
+    state.clock.restore(state.watermark_ns + 10 * step_ns)
+    out.append([_fields(f) for f in state.close_frames(flush=True)])
+    return out
+
+
+def _close(a: dict[str, Any], b: dict[str, Any]) -> None:
+    """Frames agree: sums over shards in another order differ in the last bits only."""
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], np.ndarray) and a[k].dtype.kind == "f":
+            np.testing.assert_allclose(a[k], b[k], rtol=1e-12, atol=1e-15, equal_nan=True)
+        else:
+            _same(a[k], b[k])
+
+
+def _compare(one: list[Any], other: list[Any]) -> int:
+    """Same answers; the same frames, the sharded job's each one pass later at most (a pass
+    takes the shards' answers to the previous one)."""
+    assert len(one) == len(other)
+    when: list[dict[int, int]] = [{}, {}]
+    frames: list[list[dict[str, Any]]] = [[], []]
+    for i, (x, y) in enumerate(zip(one, other, strict=True)):
+        if i % 2 == 0 and i < len(one) - 1:
+            _same(x, y)  # answers
+            continue
+        for k, part in enumerate((x, y)):
+            for f in part:
+                when[k][f["index"]] = i // 2
+                frames[k].append(f)
+    assert [f["index"] for f in frames[0]] == [f["index"] for f in frames[1]]
+    for a, b in zip(*frames, strict=True):
+        _close(a, b)
+    assert all(0 <= when[1][i] - when[0][i] <= 1 for i in when[0])
+    return len(frames[0])
+
+
+@pytest.mark.parametrize("jit", [True, False], ids=["compiled", "numpy"])
+@pytest.mark.parametrize("shards", [1, 2, 3])
+def test_sharded_equals_one_process(shards: int, jit: bool) -> None:
+    rng = np.random.default_rng(shards)
+    job, hosts = _job()
+    traffic = _traffic(job, hosts, rng)
+    one = _state(hosts, jit)
+    sharded = _sharded(hosts, jit, shards=shards)
+    try:
+        assert sharded.shards is not None and sharded.shards.count == shards
+        a = _run(one, traffic, job.step_ns, 7)
+        b = _run(sharded, traffic, job.step_ns, 7)
+        assert _compare(a, b) >= 3
+        assert any(f["collectives"] for part in a[1::2] for f in part)
+        assert one.join_stats() == sharded.join_stats()
+        assert one.dropped_contributions() == sharded.dropped_contributions()
+        assert one.frames.last_progress_ns == sharded.frames.last_progress_ns
+    finally:
+        sharded.close()
+
+
+def _incomplete(traffic: list[Envelope]) -> list[Envelope]:
+    """The traffic without host 3's envelopes after its first: its collectives stay open."""
+    seen = False
+    out = []
+    for e in traffic:
+        if e[0]["host"] == "node-000003":
+            if seen:
+                continue
+            seen = True
+        out.append(e)
+    return out
+
+
+def test_pending_collectives_agree_in_arrival_order() -> None:
+    job, hosts = _job()
+    traffic = _incomplete(_traffic(job, hosts, np.random.default_rng(7)))
+    one, sharded = _state(hosts, True), _sharded(hosts, True)
+    try:
+        for s in (one, sharded):
+            v2apply.apply_v2_many(s, traffic)
+            s.drain_ready()
+            s.close_frames()
+        a = one.pending_groups(limit=6)
+        b = sharded.pending_groups(limit=6)
+        assert len(a) == 6
+        assert [(g.comm, g.seq, g.arrival) for g in a] == [(g.comm, g.seq, g.arrival) for g in b]
+        for x, y in zip(a, b, strict=True):
+            _same(x.positions, y.positions)
+            _same(x.ends, y.ends)
+        assert one.join_stats() == sharded.join_stats()
+        assert sharded.join_stats().pending_groups > 6
+        assert one.abandon() == sharded.abandon() > 0
+        assert sharded.join_stats().pending_groups == 0
+    finally:
+        sharded.close()
+
+
+def test_split_in_the_middle_and_a_snapshot_give_the_same_frames() -> None:
+    """A job split after half its traffic (what was placed stays with the owner, what is pending
+    moves to the shards), then pickled as a snapshot is and resumed in new shard processes."""
+    job, hosts = _job()
+    traffic = _traffic(job, hosts, np.random.default_rng(5))
+    half = len(traffic) // 2
+    one, other = _state(hosts, True), _state(hosts, True)
+    try:
+        a = _run(one, traffic[:half], job.step_ns, 5)[:-1]
+        b = _run(other, traffic[:half], job.step_ns, 5)[:-1]
+        assert other.join_stats().pending_groups > 0
+        other.shards = Shards("j", 2, StateSettings(**SHARDED))
+        other.shards.split(other.assembly, other.topology)
+        assert other.joiner.pending_groups == 0
+        assert other.join_stats().pending_groups == one.join_stats().pending_groups
+        # a snapshot pickles the state's attributes (replica/snapshot.py): the shards' parts too
+        blob = pickle.dumps({k: v for k, v in other.__dict__.items() if k != "lock"})
+        other.close()
+        resumed = JobState.__new__(JobState)
+        resumed.__dict__.update(pickle.loads(blob))  # noqa: S301 - our own
+        resumed.lock = other.lock
+        assert resumed.shards is not None and resumed.shards.procs == []
+        a += _run(one, traffic[half:], job.step_ns, 5)
+        b += _run(resumed, traffic[half:], job.step_ns, 5)
+        assert _compare(a, b) >= 3
+        assert one.join_stats() == resumed.join_stats()
+    finally:
+        other.close()
+        if "resumed" in locals():
+            resumed.close()
+
+
+def test_a_shard_that_died_is_reported() -> None:
+    job, hosts = _job()
+    traffic = _traffic(job, hosts, np.random.default_rng(1))
+    state = _sharded(hosts, True)
+    try:
+        v2apply.apply_v2_many(state, traffic[:20])
+        state.close_frames()
+        assert state.shards is not None
+        os.kill(state.shards.procs[1].pid, signal.SIGKILL)  # type: ignore[arg-type]
+        state.shards.procs[1].join(5)
+        with pytest.raises(ShardFailed, match=r"job j: shard process 1 exited \(code -9\)"):
+            v2apply.apply_v2_many(state, traffic[20:60])
+            state.close_frames()
+    finally:
+        state.close()
+
+
+def test_small_jobs_stay_in_one_process() -> None:
+    job, hosts = _job()
+    state = _state(hosts, True)
+    state.settings = StateSettings(shards=2, shard_min_ranks=job.ranks + 1)
+    state.scale_limits()
+    assert state.shards is None
