@@ -70,6 +70,7 @@ class Shards:
         self.blobs: list[bytes] | None = None  # from a snapshot: loaded when started
         self.last: list[PassResult] = []
         self.asked = False  # a pass was asked and its answers not read yet
+        self.fed = False  # records sent since the last pass was asked
         self.kept: list[PassResult] | None = None  # read early (by another request), not used
         self._finalizer: weakref.finalize | None = None
 
@@ -163,6 +164,7 @@ class Shards:
     def stage(self, members: dict[str, np.ndarray], topology: Topology) -> None:
         """Member records to the shard of their comm, numbered in the job's arrival order."""
         self.sync(topology)
+        self.fed = True
         n = int(members["comm"].size)
         members["arrival"] = np.arange(self.arrivals, self.arrivals + n, dtype=np.int64)
         self.arrivals += n
@@ -195,6 +197,7 @@ class Shards:
         if not slot.size:
             return
         self.sync(topology)
+        self.fed = True
         for conn in self.conns:
             self._send(conn, Msg.STEPS, (slot, step, start, end, work))
 
@@ -202,14 +205,17 @@ class Shards:
     def run_pass(
         self, watermark_ns: int, n_slots: int, flush: bool, world: int | None, time_mode: bool
     ) -> list[PassResult] | None:
-        """Ask every shard for a pass; the answers to the *previous* pass (None: there was
-        none), so that the owner goes on checking envelopes while the shards join. ``flush``:
-        wait for this pass's answers too, and return both (the previous pass's first)."""
+        """The answers to the *previous* pass (None: none was asked), so that the owner goes on
+        checking envelopes while the shards join; then asks for this one, when the shards may
+        have something to do (:meth:`busy`). ``flush``: wait for this pass's answers too, and
+        return both (the previous pass's first)."""
         before = self.answers()
+        if not (flush or self.busy()):
+            return before
         self.start()
         for conn in self.conns:
             self._send(conn, Msg.PASS, (watermark_ns, n_slots, flush, world, time_mode), True)
-        self.asked = True
+        self.asked, self.fed = True, False
         if not flush:
             return before
         now = self.answers()
@@ -218,7 +224,7 @@ class Shards:
             return now
         return [PassResult(a.frames + b.frames, np.concatenate([a.expired, b.expired]),
                            b.last_progress_ns, b.dropped_contributions, b.pending_groups,
-                           b.staged_records)
+                           b.staged_records, b.open_frames)
                 for a, b in zip(before, now, strict=True)]  # fmt: skip
 
     def answers(self) -> list[PassResult] | None:
@@ -232,9 +238,16 @@ class Shards:
         self.last = [self._recv(conn) for conn in self.conns]
         return self.last
 
+    def busy(self) -> bool:
+        """Records came since the last pass, or its answers (none yet: unknown) left
+        collectives incomplete, records staged or frames open."""
+        return self.fed or not self.last or any(
+            r.pending_groups or r.staged_records or r.open_frames for r in self.last
+        )
+
     def waiting(self) -> bool:
-        """Something was pending or staged at the last pass (or nothing was asked yet)."""
-        return not self.last or any(r.pending_groups or r.staged_records for r in self.last)
+        """A pass has work: answers to read, or :meth:`busy`."""
+        return self.asked or self.busy()
 
     def dropped(self) -> int:
         return sum(r.dropped_contributions for r in self.last)

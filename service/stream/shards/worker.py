@@ -74,6 +74,7 @@ class PassResult:
     dropped_contributions: int
     pending_groups: int
     staged_records: int
+    open_frames: int
 
 
 def stats_of(a: Assembly, *, inflight: bool = True) -> JoinStats:
@@ -137,7 +138,8 @@ class Part:
         )
         gone = a.expire(watermark_ns)
         return PassResult(frames, gone, a.frames.last_progress_ns, a.frames.dropped_contributions,
-                          a.joiner.pending_groups, a.joiner.staged_records)  # fmt: skip
+                          a.joiner.pending_groups, a.joiner.staged_records,
+                          len(a.frames.frames))  # fmt: skip
 
     def _keep_own(self) -> None:
         """After a split of the owner's assembly: keep this shard's comms' pending records and

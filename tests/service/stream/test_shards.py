@@ -198,3 +198,30 @@ def test_small_jobs_stay_in_one_process() -> None:
     state.settings = StateSettings(shards=2, shard_min_ranks=job.ranks + 1)
     state.scale_limits()
     assert state.shards is None
+
+
+def test_frames_closed_after_the_last_records_come_at_the_next_pass() -> None:
+    """No more records after a step: the next pass still brings the shards' parts of the frames
+    the previous pass closed, and the job has no work once they are in (no pass for ever)."""
+    job, hosts = _job()
+    traffic = _traffic(job, hosts, np.random.default_rng(3))
+    one, sharded = _state(hosts, True), _sharded(hosts, True)
+    try:
+        for s in (one, sharded):
+            v2apply.apply_v2_many(s, traffic)
+            s.clock.restore(s.watermark_ns + 10 * job.step_ns)
+        closed = one.close_frames()
+        assert closed and sharded.close_frames() == []  # asked, not answered yet
+        assert sharded.waiting()
+        later = sharded.close_frames()  # nothing new came: the answers are read all the same
+        assert [f.index for f in later] == [f.index for f in closed]
+        for a, b in zip(closed, later, strict=True):
+            _close(_fields(a), _fields(b))
+        sharded.abandon()
+        one.abandon()
+        assert one.close_frames() == []
+        for _ in range(2):  # the answers in flight, then nothing new to ask
+            assert sharded.close_frames() == []
+        assert sharded.shards is not None and not sharded.waiting()
+    finally:
+        sharded.close()
