@@ -210,7 +210,10 @@ class DetectionEngine:
                 if not rt.seeded:
                     self._seed(rt, state)
                 topo = state.topology
-                closed = state.close_frames(flush=flush)
+                floor_ns = int(self.settings.hang_timeout_floor_s * 1e9)
+                closed = state.close_frames(
+                    flush=flush, blocked_before_ns=state.watermark_ns - floor_ns
+                )
                 state.new_data = False
                 if rt.shape is None or rt.shape_version != topo.version:
                     rt.shape = job_shape(topo)

@@ -25,6 +25,7 @@ from failslow.wire.v2 import NO_END, OPS
 SEQ_BITS = 40
 SEQ_MASK = (1 << SEQ_BITS) - 1  # the sort key holds a seq modulo 2^40 (pending collectives of
 MAX_COMMS = 1 << 22  # one comm are never 2^40 apart) and the comm index above it
+MAX_BLOCKED = 2048  # blocked collectives handed to the hang detector per pass
 COLUMNS = ("comm", "seq", "pos", "slot", "op", "nbytes", "start", "end", "seen", "arrival")
 DTYPES = {
     "comm": np.int64, "seq": np.int64, "pos": np.int64, "slot": np.int64, "op": np.uint8,

@@ -19,7 +19,6 @@ ROLE_KINDS = (CommKind.TP, CommKind.DP)
 ADVISORY_ROLE_KINDS = (CommKind.EP, CommKind.CP)
 # role groups whose members are usually on different hosts (a slow node against the others)
 CROSS_KINDS = (CommKind.DP, CommKind.EP, CommKind.CP)
-MAX_BLOCKED = 2048  # blocked collectives handed to the hang detector per pass
 
 
 def job_shape(topo: Topology) -> JobShape:
@@ -107,9 +106,7 @@ def blocked_collectives(
     out: list[BlockedCollective] = []
     comms = state.topology.comm_list
     newest = state.frames.newest_end
-    groups = state.pending_groups(
-        started_before_ns=older_than_ns, limit=MAX_BLOCKED, inside_only=True
-    )
+    groups = state.blocked_groups(older_than_ns)
     for g in groups:
         comm = comms[g.comm]
         n = len(comm.ranks)

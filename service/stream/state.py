@@ -24,7 +24,7 @@ from failslow.detectors.types import Frame
 from failslow.service.stream.assembly import Assembly
 from failslow.service.stream.clock import EventClock
 from failslow.service.stream.frames import FrameBuilder
-from failslow.service.stream.join import Joiner, PendingGroup
+from failslow.service.stream.join import MAX_BLOCKED, Joiner, PendingGroup
 from failslow.service.stream.ledger import Ledger
 from failslow.service.stream.records import (
     Envelope,
@@ -37,7 +37,7 @@ from failslow.service.stream.records import (
 from failslow.service.stream.settings import Limits, StateSettings
 from failslow.service.stream.shards.pool import Shards
 from failslow.service.stream.shards.reduce import reduce_frames
-from failslow.service.stream.shards.worker import JoinStats, stats_of
+from failslow.service.stream.shards.worker import JoinStats, merge_groups, stats_of
 from failslow.service.stream.topology import Topology
 
 if TYPE_CHECKING:
@@ -94,6 +94,7 @@ class JobState:
         self._limits_world: int | None = None
         self.shards: Shards | None = None  # the join in other processes (stream/shards)
         self.held_frames: list[Frame] = []  # closed here, waiting for the shards' parts
+        self.blocked: list[PendingGroup] = []  # the shards' answers to blocked_groups
         self.registrations: dict[str, OrderedDict[str, HostTopology]] = {}  # v2, per host
         # v2 registrations not yet stored: host -> digest -> canonical JSON
         self.new_registrations: dict[str, dict[str, bytes]] = {}
@@ -274,11 +275,14 @@ class JobState:
         is computed there). A sharded job's shards join on their own and at every pass."""
         self.assembly.drain_ready(self.topology)
 
-    def close_frames(self, *, flush: bool = False) -> list[Frame]:
+    def close_frames(
+        self, *, flush: bool = False, blocked_before_ns: int | None = None
+    ) -> list[Frame]:
         """A detection pass's part: join, close the frames that are due, expire incomplete
         collectives past retention. Sharded: the frames closed at the previous pass, with the
         shards' parts added up (every pass asks the shards and takes the previous answers, so
-        the owner does not wait for their joins; ``flush`` waits for all)."""
+        the owner does not wait for their joins; ``flush`` waits for all). ``blocked_before_ns``:
+        the shards also find the collectives :meth:`blocked_groups` gives (None: no need)."""
         topo = self.topology
         self.assembly.drain_ready(topo)
         fb = self.assembly.frames
@@ -286,8 +290,9 @@ class JobState:
         if self.shards is not None:
             # the shards' parts of this pass come with the next one: this pass's frames wait
             results = self.shards.run_pass(
-                self.watermark_ns, topo.n_slots, flush, topo.world_size, fb.time_mode
-            )
+                self.watermark_ns, topo.n_slots, flush, topo.world_size, fb.time_mode,
+                blocked_before_ns,
+            )  # fmt: skip
             held, self.held_frames = self.held_frames, closed
             if flush:
                 held, self.held_frames = held + closed, []
@@ -298,6 +303,7 @@ class JobState:
                                            *(r.last_progress_ns for r in results)])  # fmt: skip
                 for r in results:
                     self._retire(r.expired)
+                self.blocked = merge_groups([r.blocked for r in results], MAX_BLOCKED)
         self.expire()
         return closed
 
@@ -340,6 +346,17 @@ class JobState:
         if self.shards is None:
             return self.assembly.joiner.groups(**kw)
         return self.shards.groups(**kw)
+
+    def blocked_groups(self, older_than_ns: int) -> list[PendingGroup]:
+        """Incomplete collectives a member is inside and whose first member entered before
+        ``older_than_ns`` (see :meth:`Joiner.groups`), at most :data:`MAX_BLOCKED`, for the hang
+        detector. A sharded job's are its shards' answers at the last pass (asked with
+        ``close_frames(blocked_before_ns=...)``): a pass never waits for them."""
+        if self.shards is None:
+            return self.assembly.joiner.groups(
+                started_before_ns=older_than_ns, limit=MAX_BLOCKED, inside_only=True
+            )
+        return self.blocked
 
     def abandon(self) -> int:
         """Drop every incomplete collective (the job restarted: its members are gone)."""

@@ -203,7 +203,13 @@ class Shards:
 
     # -- passes and views ----------------------------------------------------------------------
     def run_pass(
-        self, watermark_ns: int, n_slots: int, flush: bool, world: int | None, time_mode: bool
+        self,
+        watermark_ns: int,
+        n_slots: int,
+        flush: bool,
+        world: int | None,
+        time_mode: bool,
+        blocked_before_ns: int | None = None,
     ) -> list[PassResult] | None:
         """The answers to the *previous* pass (None: none was asked), so that the owner goes on
         checking envelopes while the shards join; then asks for this one, when the shards may
@@ -214,7 +220,8 @@ class Shards:
             return before
         self.start()
         for conn in self.conns:
-            self._send(conn, Msg.PASS, (watermark_ns, n_slots, flush, world, time_mode), True)
+            self._send(conn, Msg.PASS, (watermark_ns, n_slots, flush, world, time_mode,
+                                        blocked_before_ns), True)  # fmt: skip
         self.asked, self.fed = True, False
         if not flush:
             return before
@@ -224,7 +231,7 @@ class Shards:
             return now
         return [PassResult(a.frames + b.frames, np.concatenate([a.expired, b.expired]),
                            b.last_progress_ns, b.dropped_contributions, b.pending_groups,
-                           b.staged_records, b.open_frames)
+                           b.staged_records, b.open_frames, b.blocked)
                 for a, b in zip(before, now, strict=True)]  # fmt: skip
 
     def answers(self) -> list[PassResult] | None:

@@ -21,7 +21,7 @@ import numpy as np
 
 from failslow.detectors.types import Frame
 from failslow.service.stream.assembly import Assembly
-from failslow.service.stream.join import DTYPES, PendingGroup
+from failslow.service.stream.join import DTYPES, MAX_BLOCKED, PendingGroup
 from failslow.service.stream.settings import Limits, StateSettings
 from failslow.service.stream.shards.ring import Ring
 from failslow.service.stream.shards.table import CommTable, TableDelta
@@ -75,6 +75,7 @@ class PassResult:
     pending_groups: int
     staged_records: int
     open_frames: int
+    blocked: list[PendingGroup]  # for the hang detector (JobState.blocked_groups)
 
 
 def stats_of(a: Assembly, *, inflight: bool = True) -> JoinStats:
@@ -129,7 +130,13 @@ class Part:
         return None
 
     def run_pass(
-        self, watermark_ns: int, n_slots: int, flush: bool, world: int | None, time_mode: bool
+        self,
+        watermark_ns: int,
+        n_slots: int,
+        flush: bool,
+        world: int | None,
+        time_mode: bool,
+        blocked_before_ns: int | None = None,
     ) -> PassResult:
         a = self.assembly
         a.drain_ready(self.table)
@@ -137,9 +144,13 @@ class Part:
             watermark_ns, n_slots, flush=flush, world=world, time_mode=time_mode
         )
         gone = a.expire(watermark_ns)
+        blocked = []
+        if blocked_before_ns is not None:
+            blocked = a.joiner.groups(started_before_ns=blocked_before_ns, limit=MAX_BLOCKED,
+                                      inside_only=True)  # fmt: skip
         return PassResult(frames, gone, a.frames.last_progress_ns, a.frames.dropped_contributions,
                           a.joiner.pending_groups, a.joiner.staged_records,
-                          len(a.frames.frames))  # fmt: skip
+                          len(a.frames.frames), blocked)  # fmt: skip
 
     def _keep_own(self) -> None:
         """After a split of the owner's assembly: keep this shard's comms' pending records and

@@ -19,6 +19,7 @@ from failslow.service.stream import v2apply
 from failslow.service.stream.settings import StateSettings
 from failslow.service.stream.shards.pool import ShardFailed, Shards
 from failslow.service.stream.state import JobState
+from failslow.wire import v2
 from tests.service.stream.test_v2apply import (
     Envelope,
     _answer,
@@ -107,7 +108,8 @@ def test_sharded_equals_one_process(shards: int, jit: bool) -> None:
 
 
 def _incomplete(traffic: list[Envelope]) -> list[Envelope]:
-    """The traffic without host 3's envelopes after its first: its collectives stay open."""
+    """The traffic without host 3's envelopes after its first, in which its calls are still in
+    flight (no end): its collectives stay open, and a hang detector would look at them."""
     seen = False
     out = []
     for e in traffic:
@@ -115,6 +117,11 @@ def _incomplete(traffic: list[Envelope]) -> list[Envelope]:
             if seen:
                 continue
             seen = True
+            header, cols = v2.decode(e[1])
+            c = {k: v.copy() for k, v in cols.collectives.items()}
+            c["end_ns"][:] = v2.NO_END
+            body = v2.encode(header, c, dict(cols.steps))
+            e = (header, body, v2.decode_header(body)[1])
         out.append(e)
     return out
 
@@ -137,6 +144,13 @@ def test_pending_collectives_agree_in_arrival_order() -> None:
             _same(x.ends, y.ends)
         assert one.join_stats() == sharded.join_stats()
         assert sharded.join_stats().pending_groups > 6
+        # the hang detector's input comes with a pass's answers (asked at the pass before)
+        now = sharded.watermark_ns + 1
+        for _ in range(2):
+            sharded.close_frames(blocked_before_ns=now)
+        mine = [(g.comm, g.seq, g.arrival) for g in one.blocked_groups(now)]
+        assert len(mine) > 6
+        assert [(g.comm, g.seq, g.arrival) for g in sharded.blocked_groups(now)] == mine
         assert one.abandon() == sharded.abandon() > 0
         assert sharded.join_stats().pending_groups == 0
     finally:
