@@ -131,6 +131,7 @@ def detail(
                 "join_duplicates": join.duplicates,
                 "dropped_contributions": state.dropped_contributions(),
                 "shards": state.shards.count if state.shards is not None else 0,
+                "shard_restarts": state.shards.restarts if state.shards is not None else 0,
                 "late_steps": fb.late_steps,
                 "clock": clock_view(state),
                 "open_subjects": sorted(numbers.open_subjects) if numbers else [],

@@ -14,9 +14,10 @@ import logging
 import multiprocessing as mp
 import pickle
 import weakref
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -36,6 +37,7 @@ from failslow.service.stream.topology import Topology
 from failslow.wire import process
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 RING_BYTES = 64 << 20  # per shard: ~1M member records on their way
 COMPACT = {"comm": np.int32, "pos": np.int32, "slot": np.int32}  # smaller on the way over
 
@@ -72,6 +74,8 @@ class Shards:
         self.asked = False  # a pass was asked and its answers not read yet
         self.fed = False  # records sent since the last pass was asked
         self.kept: list[PassResult] | None = None  # read early (by another request), not used
+        self.restarts = 0  # times the shards failed and were started again
+        self._limits: Limits | None = None
         self._finalizer: weakref.finalize | None = None
 
     # -- processes -----------------------------------------------------------------------------
@@ -103,6 +107,30 @@ class Shards:
         if self._finalizer is not None:
             self._finalizer()
         self.procs, self.conns, self.rings = [], [], []
+
+    def restart(self, why: ShardFailed) -> None:
+        """A shard failed: start them all again, empty, so that the job goes on. What they held
+        is lost: the collectives being assembled there (they expire as incomplete would) and
+        their part of the open frames (those frames close with the owner's part only)."""
+        log.error(
+            "%s; starting job %s's %d shards again (their collectives being assembled and "
+            "their part of the open frames are lost)", why, self.job, self.count,
+        )  # fmt: skip
+        self.close()
+        self.sent_comms = self.sent_slots = 0
+        self.asked, self.kept, self.last, self.blobs = False, None, [], None
+        self.restarts += 1
+        self.start()
+        if self._limits is not None:
+            self.limits(self._limits)
+
+    def _again(self, action: Callable[[], T]) -> T:
+        """``action``, and once more on new shard processes if a shard failed during it."""
+        try:
+            return action()
+        except ShardFailed as exc:
+            self.restart(exc)
+        return action()
 
     def split(self, assembly: Assembly, topology: Topology) -> None:
         """Start from the owner's assembly: each shard takes its comms' pending records and the
@@ -138,6 +166,9 @@ class Shards:
         return ShardFailed(f"job {self.job}: shard process {i} exited (code {p.exitcode})")
 
     def _ask(self, msg: Msg, arg: Any) -> list[Any]:
+        return self._again(lambda: self._ask_all(msg, arg))
+
+    def _ask_all(self, msg: Msg, arg: Any) -> list[Any]:
         if self.asked:  # a pass's answers come first: kept for the next pass
             self.kept = self.answers()
         self.start()
@@ -157,17 +188,21 @@ class Shards:
         self.sent_comms, self.sent_slots = topology.n_comms, topology.n_slots
 
     def limits(self, limits: Limits) -> None:
+        self._limits = limits
         self.start()
         for conn in self.conns:
             self._send(conn, Msg.LIMITS, limits)
 
     def stage(self, members: dict[str, np.ndarray], topology: Topology) -> None:
         """Member records to the shard of their comm, numbered in the job's arrival order."""
-        self.sync(topology)
-        self.fed = True
         n = int(members["comm"].size)
         members["arrival"] = np.arange(self.arrivals, self.arrivals + n, dtype=np.int64)
         self.arrivals += n
+        self._again(lambda: self._stage_all(members, topology))
+
+    def _stage_all(self, members: dict[str, np.ndarray], topology: Topology) -> None:
+        self.sync(topology)
+        self.fed = True
         if self.count == 1:
             self._stage(0, members)
             return
@@ -196,10 +231,14 @@ class Shards:
         """Accepted step records, to every shard (placing a collective needs its rank's step)."""
         if not slot.size:
             return
-        self.sync(topology)
-        self.fed = True
-        for conn in self.conns:
-            self._send(conn, Msg.STEPS, (slot, step, start, end, work))
+
+        def send() -> None:
+            self.sync(topology)
+            self.fed = True
+            for conn in self.conns:
+                self._send(conn, Msg.STEPS, (slot, step, start, end, work))
+
+        self._again(send)
 
     # -- passes and views ----------------------------------------------------------------------
     def run_pass(
@@ -215,6 +254,22 @@ class Shards:
         checking envelopes while the shards join; then asks for this one, when the shards may
         have something to do (:meth:`busy`). ``flush``: wait for this pass's answers too, and
         return both (the previous pass's first)."""
+        try:
+            return self._run_pass(watermark_ns, n_slots, flush, world, time_mode,
+                                  blocked_before_ns)  # fmt: skip
+        except ShardFailed as exc:
+            self.restart(exc)  # this pass's answers, and the last one's, are lost
+            return None
+
+    def _run_pass(
+        self,
+        watermark_ns: int,
+        n_slots: int,
+        flush: bool,
+        world: int | None,
+        time_mode: bool,
+        blocked_before_ns: int | None,
+    ) -> list[PassResult] | None:
         before = self.answers()
         if not (flush or self.busy()):
             return before

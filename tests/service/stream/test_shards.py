@@ -18,7 +18,7 @@ from failslow.detectors.types import Frame
 from failslow.service.stream import v2apply
 from failslow.service.stream.settings import StateSettings
 from failslow.service.stream.shards.pool import ShardFailed, Shards
-from failslow.service.stream.state import JobState
+from failslow.service.stream.state import ApplyResult, JobState
 from failslow.wire import v2
 from tests.service.stream.test_v2apply import (
     Envelope,
@@ -189,7 +189,12 @@ def test_split_in_the_middle_and_a_snapshot_give_the_same_frames() -> None:
             resumed.close()
 
 
-def test_a_shard_that_died_is_reported() -> None:
+def test_a_shard_that_died_is_started_again_and_the_job_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A shard killed with -9: the next request finds it gone, says so (by job and shard) and
+    starts the job's shards again, empty; every later envelope is accepted and frames keep
+    closing (the dead shard's pending collectives and its part of the open frames are lost)."""
     job, hosts = _job()
     traffic = _traffic(job, hosts, np.random.default_rng(1))
     state = _sharded(hosts, True)
@@ -197,13 +202,24 @@ def test_a_shard_that_died_is_reported() -> None:
         v2apply.apply_v2_many(state, traffic[:20])
         state.close_frames()
         assert state.shards is not None
-        os.kill(state.shards.procs[1].pid, signal.SIGKILL)  # type: ignore[arg-type]
-        state.shards.procs[1].join(5)
-        with pytest.raises(ShardFailed, match=r"job j: shard process 1 exited \(code -9\)"):
-            v2apply.apply_v2_many(state, traffic[20:60])
-            state.close_frames()
+        old = state.shards.procs[1]
+        os.kill(old.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        old.join(5)
+        with caplog.at_level("ERROR"):
+            answers = v2apply.apply_v2_many(state, traffic[20:])
+            closed = state.close_frames()
+            state.clock.restore(state.watermark_ns + 10 * job.step_ns)
+            closed += state.close_frames(flush=True)
+        assert "job j: shard process 1 exited (code -9)" in caplog.text
+        assert state.shards.restarts == 1 and old not in state.shards.procs
+        assert all(p.is_alive() for p in state.shards.procs)
+        assert sum(a.accepted for a in answers if isinstance(a, ApplyResult)) > 1000
+        assert closed and any(f.collectives for f in closed)
+        assert state.join_stats().pending_groups >= 0  # the new shards answer
     finally:
         state.close()
+    with pytest.raises(ShardFailed):
+        raise ShardFailed("kept importable")
 
 
 def test_small_jobs_stay_in_one_process() -> None:
