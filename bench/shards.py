@@ -26,14 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 T0 = 1_780_000_000_000_000_000
 
 
-def _cpu_of(pid: int) -> float:
-    """User + system CPU seconds of a live process (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def one(ranks: int, steps: int, shards: int, batch: int, passes: int) -> dict[str, object]:
     from failslow.cli import keep_freed_memory  # noqa: PLC0415
+    from failslow.harness.load.fleet import proc_cpu_s  # noqa: PLC0415
     from failslow.harness.load.job import HostTemplate, JobLayout, host_name  # noqa: PLC0415
     from failslow.service.settings import Settings  # noqa: PLC0415
     from failslow.service.stream import columnar, v2apply  # noqa: PLC0415
@@ -66,7 +61,7 @@ def one(ranks: int, steps: int, shards: int, batch: int, passes: int) -> dict[st
     steps -= 1
     every = max(1, len(hosts) // passes)
     shard_pids = [p.pid for p in state.shards.procs] if state.shards is not None else []
-    shard_cpu0 = sum(_cpu_of(p) for p in shard_pids)  # type: ignore[arg-type]
+    shard_cpu0 = sum(proc_cpu_s(p) for p in shard_pids)  # type: ignore[arg-type]
     wall0, cpu0 = time.perf_counter(), time.process_time()
     for row in bodies:
         for lo in range(0, len(row), batch):
@@ -76,7 +71,7 @@ def one(ranks: int, steps: int, shards: int, batch: int, passes: int) -> dict[st
     state.clock.restore(state.watermark_ns + 10 * job.step_ns)
     closed += len(state.close_frames(flush=True))
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    shard_cpu = sum(_cpu_of(p) for p in shard_pids) - shard_cpu0  # type: ignore[arg-type]
+    shard_cpu = sum(proc_cpu_s(p) for p in shard_pids) - shard_cpu0  # type: ignore[arg-type]
     records = sum(h.records for h in hosts) * steps
     state.close()
     return {"shards": shards, "processes": 1 + shards, "records": records,

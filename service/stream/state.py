@@ -16,7 +16,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -35,9 +35,9 @@ from failslow.service.stream.records import (
     StepRecord,
 )
 from failslow.service.stream.settings import Limits, StateSettings
-from failslow.service.stream.shards.pool import Shards
+from failslow.service.stream.shards.pool import Shards, merge_groups
 from failslow.service.stream.shards.reduce import reduce_frames
-from failslow.service.stream.shards.worker import JoinStats, merge_groups, stats_of
+from failslow.service.stream.shards.worker import JoinStats, PassAsk, stats_of
 from failslow.service.stream.topology import Topology
 
 if TYPE_CHECKING:
@@ -116,7 +116,7 @@ class JobState:
     @property
     def joiner(self) -> Joiner:
         """The join in this process (a sharded job's holds only ``last_end``: its own stays
-        empty, see :meth:`join_stats` and :meth:`pending_groups`)."""
+        empty, see :meth:`join_stats` and :meth:`blocked_groups`)."""
         return self.assembly.joiner
 
     @property
@@ -176,20 +176,19 @@ class JobState:
         """Bounds from the declared world size (``world``, or the topology's); a job that
         reaches ``shard_min_ranks`` is split over its shard processes."""
         world = max(world or 0, self.topology.world_size or 0) or None
+        if world != self._limits_world:
+            self._limits_world = world
+            self.limits = lim = Limits.of(self.settings, world)
+            self.topology.max_comms, self.topology.max_comm_members = lim.comms, lim.comm_members
+            self.assembly.scale(lim)
+            self.ledger.max_entries = lim.done
+            if self.shards is not None:
+                self.shards.limits(lim)
         n = self.settings.shards
         if self.shards is None and n and (world or 0) >= self.settings.shard_min_ranks:
             self.shards = Shards(self.job, n, self.settings)
             self.shards.split(self.assembly, self.topology)
             self.shards.limits(self.limits)
-        if world == self._limits_world:
-            return
-        self._limits_world = world
-        self.limits = lim = Limits.of(self.settings, world)
-        self.topology.max_comms, self.topology.max_comm_members = lim.comms, lim.comm_members
-        self.assembly.scale(lim)
-        self.ledger.max_entries = lim.done
-        if self.shards is not None:
-            self.shards.limits(lim)
 
     def finish(
         self,
@@ -290,8 +289,8 @@ class JobState:
         if self.shards is not None:
             # the shards' parts of this pass come with the next one: this pass's frames wait
             results = self.shards.run_pass(
-                self.watermark_ns, topo.n_slots, flush, topo.world_size, fb.time_mode,
-                blocked_before_ns,
+                PassAsk(self.watermark_ns, topo.n_slots, flush, topo.world_size, fb.time_mode,
+                        blocked_before_ns)
             )  # fmt: skip
             held, self.held_frames = self.held_frames, closed
             if flush:
@@ -331,21 +330,6 @@ class JobState:
         """The join's counts, over the shards when there are any."""
         out = stats_of(self.assembly)
         return out if self.shards is None else out + self.shards.stats()
-
-    def pending_groups(
-        self,
-        *,
-        started_before_ns: int | None = None,
-        limit: int | None = None,
-        inside_only: bool = False,
-    ) -> list[PendingGroup]:
-        """Incomplete collectives (see :meth:`Joiner.groups`), over the shards when there are
-        any (each shard's cut by ``started_before_ns`` is its own)."""
-        kw: dict[str, Any] = {"started_before_ns": started_before_ns, "limit": limit,
-                              "inside_only": inside_only}  # fmt: skip
-        if self.shards is None:
-            return self.assembly.joiner.groups(**kw)
-        return self.shards.groups(**kw)
 
     def blocked_groups(self, older_than_ns: int) -> list[PendingGroup]:
         """Incomplete collectives a member is inside and whose first member entered before

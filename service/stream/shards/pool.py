@@ -26,13 +26,7 @@ from failslow.service.stream.join import PendingGroup
 from failslow.service.stream.settings import Limits, StateSettings
 from failslow.service.stream.shards.ring import Ring, wait_a_little
 from failslow.service.stream.shards.table import delta_of
-from failslow.service.stream.shards.worker import (
-    JoinStats,
-    Msg,
-    PassResult,
-    merge_groups,
-    serve,
-)
+from failslow.service.stream.shards.worker import JoinStats, Msg, PassAsk, PassResult, serve
 from failslow.service.stream.topology import Topology
 from failslow.wire import process
 
@@ -40,6 +34,12 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 RING_BYTES = 64 << 20  # per shard: ~1M member records on their way
 COMPACT = {"comm": np.int32, "pos": np.int32, "slot": np.int32}  # smaller on the way over
+
+
+def merge_groups(groups: list[list[PendingGroup]], limit: int | None) -> list[PendingGroup]:
+    """Pending collectives of all shards, in the order their first member record arrived."""
+    merged = sorted((g for part in groups for g in part), key=lambda g: g.arrival)
+    return merged if limit is None else merged[:limit]
 
 
 class ShardFailed(RuntimeError):
@@ -241,44 +241,26 @@ class Shards:
         self._again(send)
 
     # -- passes and views ----------------------------------------------------------------------
-    def run_pass(
-        self,
-        watermark_ns: int,
-        n_slots: int,
-        flush: bool,
-        world: int | None,
-        time_mode: bool,
-        blocked_before_ns: int | None = None,
-    ) -> list[PassResult] | None:
+    def run_pass(self, ask: PassAsk) -> list[PassResult] | None:
         """The answers to the *previous* pass (None: none was asked), so that the owner goes on
         checking envelopes while the shards join; then asks for this one, when the shards may
-        have something to do (:meth:`busy`). ``flush``: wait for this pass's answers too, and
-        return both (the previous pass's first)."""
+        have something to do (:meth:`busy`). ``ask.flush``: wait for this pass's answers too,
+        and return both (the previous pass's first)."""
         try:
-            return self._run_pass(watermark_ns, n_slots, flush, world, time_mode,
-                                  blocked_before_ns)  # fmt: skip
+            return self._run_pass(ask)
         except ShardFailed as exc:
             self.restart(exc)  # this pass's answers, and the last one's, are lost
             return None
 
-    def _run_pass(
-        self,
-        watermark_ns: int,
-        n_slots: int,
-        flush: bool,
-        world: int | None,
-        time_mode: bool,
-        blocked_before_ns: int | None,
-    ) -> list[PassResult] | None:
+    def _run_pass(self, ask: PassAsk) -> list[PassResult] | None:
         before = self.answers()
-        if not (flush or self.busy()):
+        if not (ask.flush or self.busy()):
             return before
         self.start()
         for conn in self.conns:
-            self._send(conn, Msg.PASS, (watermark_ns, n_slots, flush, world, time_mode,
-                                        blocked_before_ns), True)  # fmt: skip
+            self._send(conn, Msg.PASS, ask, answer=True)
         self.asked, self.fed = True, False
-        if not flush:
+        if not ask.flush:
             return before
         now = self.answers()
         assert now is not None
@@ -316,9 +298,6 @@ class Shards:
 
     def stats(self) -> JoinStats:
         return sum(self._ask(Msg.STATS, None), JoinStats())
-
-    def groups(self, **kwargs: Any) -> list[PendingGroup]:
-        return merge_groups(self._ask(Msg.GROUPS, kwargs), kwargs.get("limit"))
 
     def abandon(self) -> int:
         return int(sum(self._ask(Msg.ABANDON, None)))

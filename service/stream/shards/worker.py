@@ -12,7 +12,7 @@ from __future__ import annotations
 import pickle
 import queue
 import threading
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from enum import IntEnum
 from multiprocessing.connection import Connection
 from typing import Any
@@ -38,9 +38,8 @@ class Msg(IntEnum):
     LIMITS = 2  # the job's bounds changed: Limits (no answer)
     STAGE = 3  # member records of this shard's comms (no answer)
     STEPS = 4  # accepted step records: slot, step, start, end, work (no answer)
-    PASS = 5  # join, close what is due, expire: answered with a PassResult
+    PASS = 5  # a PassAsk: join, close what is due, expire; answered with a PassResult
     STATS = 6  # answered with JoinStats
-    GROUPS = 7  # pending collectives (Joiner.groups' arguments): answered with a list
     ABANDON = 8  # drop every incomplete collective: answered with the count
     DUMP = 9  # answered with the pickled Assembly
     LOAD = 10  # (pickled Assembly, split): replace this shard's (no answer)
@@ -59,11 +58,19 @@ class JoinStats:
     duplicates: int = 0
 
     def __add__(self, other: JoinStats) -> JoinStats:
-        return JoinStats(*(a + b for a, b in zip(self.astuple(), other.astuple(), strict=True)))
+        return JoinStats(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
 
-    def astuple(self) -> tuple[int, ...]:
-        return (self.pending_groups, self.staged_records, self.inflight, self.expired,
-                self.conflicts, self.duplicates)  # fmt: skip
+
+@dataclass(frozen=True, slots=True)
+class PassAsk:
+    """What the owner asks of every shard at a detection pass."""
+
+    watermark_ns: int
+    n_slots: int
+    flush: bool
+    world: int | None
+    time_mode: bool  # the owner's decision: the job fell back to time frames
+    blocked_before_ns: int | None  # also find the hang detector's blocked collectives
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,10 +85,10 @@ class PassResult:
     blocked: list[PendingGroup]  # for the hang detector (JobState.blocked_groups)
 
 
-def stats_of(a: Assembly, *, inflight: bool = True) -> JoinStats:
+def stats_of(a: Assembly) -> JoinStats:
     j = a.joiner
-    return JoinStats(j.pending_groups, j.staged_records, j.inflight_count() if inflight else 0,
-                     j.expired, j.conflicts, j.duplicates)  # fmt: skip
+    return JoinStats(j.pending_groups, j.staged_records, j.inflight_count(), j.expired,
+                     j.conflicts, j.duplicates)  # fmt: skip
 
 
 class Part:
@@ -113,11 +120,9 @@ class Part:
             slot, step, start, end, work = arg
             a.add_steps(slot, step, start, end, self.table, work)
         elif msg is Msg.PASS:
-            return self.run_pass(*arg)
+            return self.run_pass(arg)
         elif msg is Msg.STATS:
             return stats_of(a)
-        elif msg is Msg.GROUPS:
-            return a.joiner.groups(**arg)
         elif msg is Msg.ABANDON:
             return a.joiner.abandon()
         elif msg is Msg.DUMP:
@@ -129,24 +134,15 @@ class Part:
                 self._keep_own()
         return None
 
-    def run_pass(
-        self,
-        watermark_ns: int,
-        n_slots: int,
-        flush: bool,
-        world: int | None,
-        time_mode: bool,
-        blocked_before_ns: int | None = None,
-    ) -> PassResult:
+    def run_pass(self, ask: PassAsk) -> PassResult:
         a = self.assembly
         a.drain_ready(self.table)
-        frames = a.frames.advance(
-            watermark_ns, n_slots, flush=flush, world=world, time_mode=time_mode
-        )
-        gone = a.expire(watermark_ns)
+        frames = a.frames.advance(ask.watermark_ns, ask.n_slots, flush=ask.flush, world=ask.world,
+                                  time_mode=ask.time_mode)  # fmt: skip
+        gone = a.expire(ask.watermark_ns)
         blocked = []
-        if blocked_before_ns is not None:
-            blocked = a.joiner.groups(started_before_ns=blocked_before_ns, limit=MAX_BLOCKED,
+        if ask.blocked_before_ns is not None:
+            blocked = a.joiner.groups(started_before_ns=ask.blocked_before_ns, limit=MAX_BLOCKED,
                                       inside_only=True)  # fmt: skip
         return PassResult(frames, gone, a.frames.last_progress_ns, a.frames.dropped_contributions,
                           a.joiner.pending_groups, a.joiner.staged_records,
@@ -241,9 +237,3 @@ def serve(
             part.assembly.drain_ready(part.table)  # caught up: join while the owner checks
     outbox.put(None)
     sender.join(timeout=5)
-
-
-def merge_groups(groups: list[list[PendingGroup]], limit: int | None) -> list[PendingGroup]:
-    """Pending collectives of all shards, in the order their first member record arrived."""
-    merged = sorted((g for part in groups for g in part), key=lambda g: g.arrival)
-    return merged if limit is None else merged[:limit]
