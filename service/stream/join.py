@@ -20,18 +20,23 @@ import numpy as np
 
 from failslow.detectors.types import P2P
 from failslow.detectors.vocab import Op
+from failslow.service.stream.members import (
+    COLUMNS,
+    DTYPES,
+    SEQ_BITS,
+    SEQ_MASK,
+    count_keys,
+    empty_columns,
+    merge,
+    ranges,
+    sort_key,
+    take,
+)
 from failslow.wire.v2 import NO_END, OPS
 
-SEQ_BITS = 40
-SEQ_MASK = (1 << SEQ_BITS) - 1  # the sort key holds a seq modulo 2^40 (pending collectives of
-MAX_COMMS = 1 << 22  # one comm are never 2^40 apart) and the comm index above it
+__all__ = ["COLUMNS", "DTYPES", "MAX_BLOCKED", "Joiner", "PendingGroup", "ReadyBatch"]
+
 MAX_BLOCKED = 2048  # blocked collectives handed to the hang detector per pass
-COLUMNS = ("comm", "seq", "pos", "slot", "op", "nbytes", "start", "end", "seen", "arrival")
-DTYPES = {
-    "comm": np.int64, "seq": np.int64, "pos": np.int64, "slot": np.int64, "op": np.uint8,
-    "nbytes": np.int64, "start": np.int64, "end": np.int64, "seen": np.int64,
-    "arrival": np.int64,
-}  # fmt: skip
 _P2P_CODES = np.array([op in (Op.SEND, Op.RECV) for op in OPS])
 _ALLREDUCE = np.array([op == Op.ALLREDUCE for op in OPS])
 _RING = np.array([op in (Op.ALLGATHER, Op.REDUCESCATTER, Op.ALLTOALL) for op in OPS])
@@ -82,49 +87,6 @@ class PendingGroup:
     arrival: int = 0  # the job's number of its first member record to arrive
 
 
-def _empty() -> dict[str, np.ndarray]:
-    return {c: np.zeros(0, DTYPES[c]) for c in COLUMNS}
-
-
-def _take(cols: dict[str, np.ndarray], index: np.ndarray) -> dict[str, np.ndarray]:
-    return {c: v[index] for c, v in cols.items()}
-
-
-def _key(cols: dict[str, np.ndarray]) -> np.ndarray:
-    """The (comm, seq) sort key of each record."""
-    return (cols["comm"] << SEQ_BITS) | (cols["seq"] & SEQ_MASK)
-
-
-def _ranges(lo: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """``concatenate([arange(a, a + n) for a, n in zip(lo, lengths)])``, without the loop."""
-    total = int(lengths.sum())
-    if not total:
-        return np.zeros(0, np.int64)
-    starts = np.cumsum(lengths) - lengths  # where each range begins in the output
-    return np.arange(total, dtype=np.int64) + np.repeat(lo - starts, lengths)
-
-
-def _merge(
-    a: dict[str, np.ndarray], akey: np.ndarray, b: dict[str, np.ndarray], bkey: np.ndarray
-) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Merge two column sets sorted by key whose keys are disjoint: (columns, keys), sorted."""
-    if not bkey.size:
-        return a, akey
-    if not akey.size:
-        return b, bkey
-    at_b = np.searchsorted(akey, bkey, side="left") + np.arange(bkey.size)
-    from_b = np.zeros(akey.size + bkey.size, dtype=bool)
-    from_b[at_b] = True
-    out = {}
-    for c in COLUMNS:
-        col = np.empty(from_b.size, DTYPES[c])
-        col[from_b], col[~from_b] = b[c], a[c]
-        out[c] = col
-    key = np.empty(from_b.size, np.int64)
-    key[from_b], key[~from_b] = bkey, akey
-    return out, key
-
-
 class Joiner:
     """Staged and pending member records of one job. Mutated only under the job lock."""
 
@@ -133,7 +95,7 @@ class Joiner:
         self.retention_ns = retention_ns
         self.staged: list[dict[str, np.ndarray]] = []
         self.staged_records = 0
-        self.pending = _empty()  # sorted by (comm, seq)
+        self.pending = empty_columns()  # sorted by (comm, seq)
         self._pkey: np.ndarray | None = None  # the key of pending (None: compute it again)
         self.pending_groups = 0
         self.expired = 0  # incomplete collectives dropped by retention or the cap
@@ -171,19 +133,19 @@ class Joiner:
             return []
         staged = self._take_staged()
         self._note_ends(staged["slot"], staged["end"])
-        skey = _key(staged)
+        skey = sort_key(staged)
         # timsort uses the runs hosts' records come in (84K keys: 0.56 ms, quicksort 3.8 ms)
         touched = np.sort(skey, kind="stable")
         touched = touched[np.r_[True, touched[1:] != touched[:-1]]]
         pkey = self._pending_key()
         lo = np.searchsorted(pkey, touched, side="left")
         hi = np.searchsorted(pkey, touched, side="right")
-        sel = _ranges(lo, hi - lo)  # pending records of the touched collectives, in order
+        sel = ranges(lo, hi - lo)  # pending records of the touched collectives, in order
         # pending records arrived before the staged ones: first, as the stable sort keeps them
         cols = {c: np.concatenate([self.pending[c][sel], staged[c]]) for c in COLUMNS}
         key = np.concatenate([pkey[sel], skey])
         order = np.argsort(key, kind="stable")  # arrival order kept within a collective
-        cols = _take(cols, order)
+        cols = take(cols, order)
         key = key[order]
         first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
         gid = np.repeat(np.arange(first.size), np.diff(np.r_[first, key.size]))
@@ -226,19 +188,19 @@ class Joiner:
         if sel.size:
             rest = np.ones(pkey.size, dtype=bool)
             rest[sel] = False
-            untouched, ukey = _take(self.pending, np.flatnonzero(rest)), pkey[rest]
+            untouched, ukey = take(self.pending, np.flatnonzero(rest)), pkey[rest]
         else:
             untouched, ukey = self.pending, pkey
-        self.pending, kept = _merge(untouched, ukey, _take(cols, np.flatnonzero(keep)), key[keep])
+        self.pending, kept = merge(untouched, ukey, take(cols, np.flatnonzero(keep)), key[keep])
         self._pkey = kept
-        self.pending_groups = int(kept.size and 1 + np.count_nonzero(kept[1:] != kept[:-1]))
+        self.pending_groups = count_keys(kept)
         if self.pending_groups > self.max_pending:
             self._drop_oldest(self.pending_groups - self.max_pending)
         return out
 
     def _pending_key(self) -> np.ndarray:
         if self._pkey is None or self._pkey.size != self.pending["comm"].size:
-            self._pkey = _key(self.pending)
+            self._pkey = sort_key(self.pending)
         return self._pkey
 
     def _take_staged(self) -> dict[str, np.ndarray]:
@@ -258,9 +220,8 @@ class Joiner:
         columns (None: none); the others were handed to shards, not expired."""
         self.join_pending_only()
         keep = select(self.pending) if select is not None else np.zeros(0, np.int64)
-        self.pending, self._pkey = _take(self.pending, np.flatnonzero(keep)), None
-        key = self._pending_key()
-        self.pending_groups = int(key.size and 1 + np.count_nonzero(key[1:] != key[:-1]))
+        self.pending, self._pkey = take(self.pending, np.flatnonzero(keep)), None
+        self.pending_groups = count_keys(self._pending_key())
 
     def _note_ends(self, slot: np.ndarray, end: np.ndarray) -> None:
         """``last_end``: per slot, the end of its newest completed call among new records."""
@@ -321,7 +282,7 @@ class Joiner:
         sizes = np.diff(np.r_[first, p["comm"].size])
         gone = np.repeat(np.isin(np.arange(first.size), dropped_groups), sizes)
         out = np.column_stack([p["comm"][first[dropped_groups]], p["seq"][first[dropped_groups]]])
-        self.pending, self._pkey = _take(p, np.flatnonzero(~gone)), None
+        self.pending, self._pkey = take(p, np.flatnonzero(~gone)), None
         self.pending_groups -= int(dropped_groups.size)
         self.expired += int(dropped_groups.size)
         return out
@@ -351,7 +312,7 @@ class Joiner:
         """Drop every incomplete collective (the job restarted: its members are gone)."""
         self.join_pending_only()
         count = self.pending_groups
-        self.pending, self.pending_groups, self._pkey = _empty(), 0, None
+        self.pending, self.pending_groups, self._pkey = empty_columns(), 0, None
         self.expired += count
         return count
 
@@ -366,9 +327,9 @@ class Joiner:
         self._note_ends(cols["slot"][-staged:], cols["end"][-staged:])
         key = (cols["comm"] << SEQ_BITS) | (cols["seq"] & SEQ_MASK)
         order = np.argsort(key, kind="stable")
-        self.pending = _take(cols, order)
-        k = self._pkey = key[order]
-        self.pending_groups = int(k.size and 1 + np.count_nonzero(k[1:] != k[:-1]))
+        self.pending = take(cols, order)
+        self._pkey = key[order]
+        self.pending_groups = count_keys(self._pkey)
 
     # -- views ---------------------------------------------------------------------------------
     def inflight_count(self) -> int:
