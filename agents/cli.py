@@ -164,3 +164,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=cmd_agent)
+
+    from failslow.agents.launch import register as register_launch
+
+    register_launch(sub)

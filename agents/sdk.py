@@ -28,6 +28,7 @@ from failslow.agents import wire
 log = logging.getLogger(__name__)
 
 ANNOUNCE_EVERY_S = 30.0
+WARN_NO_AGENT_AFTER_S = 10.0
 
 
 def default_socket(job: str) -> str:
@@ -42,6 +43,9 @@ class SdkStats:
     dropped: int = 0
     errors: int = 0
     pending_bytes: int = 0
+    undelivered: int = 0  # records encoded and waiting for the agent
+    agent_absent: bool = False  # the last hand-over found no agent
+    agent_absent_warnings: int = 0  # warnings logged that no agent takes the records
 
 
 class Recorder:
@@ -49,7 +53,13 @@ class Recorder:
 
     The sender thread wakes every ``flush_interval_s`` (default 0.5 s: the node agent seals its
     envelopes every second anyway, and each wake-up costs CPU on the training's cores) or as soon
-    as ``flush_at_records`` records are waiting."""
+    as ``flush_at_records`` records are waiting.
+
+    When no agent takes the records for ``warn_no_agent_after_s`` (a socket nobody listens on),
+    one warning goes to the ``failslow.sdk`` log (Python's last-resort handler prints it on
+    stderr when the program configured none) and ``stats.agent_absent`` says so; records wait,
+    bounded, and are delivered once an agent appears. Never a Python warning, which a program
+    run with ``-W error`` would raise."""
 
     def __init__(
         self,
@@ -61,6 +71,7 @@ class Recorder:
         flush_at_records: int = 2_000,
         max_queue: int = 200_000,
         max_pending_bytes: int = 64 * 1024 * 1024,
+        warn_no_agent_after_s: float = WARN_NO_AGENT_AFTER_S,
         start: bool = True,
     ) -> None:
         self.job = job
@@ -70,6 +81,8 @@ class Recorder:
         self.flush_at_records = flush_at_records
         self.max_queue = max_queue
         self.max_pending_bytes = max_pending_bytes
+        self.warn_no_agent_after_s = warn_no_agent_after_s
+        self._absent_since: float | None = None
         self.stats = SdkStats()
         self._queue: deque[list[Any]] = deque()
         self._announce: list[list[Any]] = []
@@ -234,10 +247,13 @@ class Recorder:
         self._pending.append(payload)
         self.stats.pending_bytes += len(payload)
         self._counts.append(count)
+        self.stats.undelivered += count
         while self.stats.pending_bytes > self.max_pending_bytes and self._pending:
             dropped = self._pending.popleft()
             self.stats.pending_bytes -= len(dropped)
-            self.stats.dropped += self._counts.popleft()
+            count = self._counts.popleft()
+            self.stats.dropped += count
+            self.stats.undelivered -= count
 
     def _deliver(self) -> None:
         while self._pending:
@@ -246,7 +262,36 @@ class Recorder:
                 return
             self._pending.popleft()
             self.stats.pending_bytes -= len(payload)
-            self.stats.sent += self._counts.popleft()
+            count = self._counts.popleft()
+            self.stats.sent += count
+            self.stats.undelivered -= count
+
+    def _agent_missing(self) -> None:
+        now = time.monotonic()
+        if self._absent_since is None:
+            self._absent_since = now
+        self.stats.agent_absent = True
+        if self.stats.agent_absent_warnings == 0 and (
+            now - self._absent_since >= self.warn_no_agent_after_s
+        ):
+            self.stats.agent_absent_warnings += 1
+            log.warning(
+                "failslow: no node agent takes this process's records (job %s, socket %s) for "
+                "%.0f s; %d records wait (at most %d MiB are kept, then the oldest are dropped). "
+                "Start `failslow agent --job %s` on this node, or check FAILSLOW_SOCKET.",
+                self.job,
+                self.socket_path,
+                now - self._absent_since,
+                self.stats.undelivered,
+                self.max_pending_bytes >> 20,
+                self.job,
+            )
+
+    def _agent_found(self) -> None:
+        if self._absent_since is not None and self.stats.agent_absent_warnings:
+            log.warning("failslow: the node agent takes this process's records again")
+        self._absent_since = None
+        self.stats.agent_absent = False
 
     def _send(self, payload: bytes) -> bool:
         if self.spool_dir is not None:
@@ -262,11 +307,16 @@ class Recorder:
             self._sock.setblocking(False)
         try:
             self._sock.sendto(payload, self.socket_path)
-            return True
         except OSError as exc:
-            if exc.errno in (errno.EAGAIN, errno.ENOBUFS, errno.ECONNREFUSED, errno.ENOENT):
-                return False  # agent busy or absent: keep it for later
+            if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
+                self._agent_missing()
+                return False  # agent absent: keep it for later
+            if exc.errno in (errno.EAGAIN, errno.ENOBUFS):
+                return False  # agent busy: keep it for later
             raise
+        if self._absent_since is not None:
+            self._agent_found()
+        return True
 
 
 _default: Recorder | None = None

@@ -6,8 +6,9 @@ Issue 5's target: < 1% of step time. Two ways to measure it:
 ``--mode interleaved`` (default). Whole runs with and without the instrumentation differ by
 several percent on a 2-core machine for no reason at all (the plain runs alone spread by 7%), so
 here every rank trains two identical copies of the model in one process, step by step in the order
-AB BA AB BA ...: copy A plain (DDP's C++ all-reduce, the original ``torch.distributed``
-functions), copy B instrumented (the comm hook, the wrapped functions, records to the SDK).
+AB BA AB BA ...: copy A plain (failslow's kernels unregistered from PyTorch's dispatcher), copy
+B instrumented (the kernels registered, records to the SDK); the switch is made between steps,
+outside the timed region.
 Neighbouring steps see the same machine state, so the paired difference B - A measures what the
 instrumentation adds to the step; its median and a bootstrap 95% interval are reported, with the
 training thread's CPU time difference. The SDK's sender thread and the in-flight watchdog run for
@@ -17,8 +18,8 @@ measured separately (per-thread CPU clocks) and added in full as if it all delay
 bound is below 1%. ``--arm-b plain`` runs the same with two plain copies: the method's own bias
 (an A/A test); ``--arm-b python-hook`` gives copy B only PyTorch's own Python all-reduce comm hook
 (``allreduce_hook``): the cost of any Python DDP comm hook, before anything failslow does.
-Copy B instrumented times DDP through ``Instrumentation.process_group`` (the default) or, with
-``--arm-b instrumented-hook``, through the comm hook ``Instrumentation.ddp_hook``. The SDK runs
+Copy B instrumented times DDP below the Python API (the default) or, with
+``--arm-b instrumented-hook``, with a Python comm hook as well (``Instrumentation.ddp_hook``). The SDK runs
 with its defaults and hands its records to a Unix datagram socket, as next to a node agent; the
 benchmark receives and counts them (``--transport spool``: files in a spool folder instead).
 
@@ -141,19 +142,17 @@ def worker(args: argparse.Namespace) -> int:
         recorder = Recorder("overhead", spool_dir=args.spool)
     inst = Instrumentation(recorder).install()
     inst.register_group(tp_name, "tp", my_tp)
-    wrapped = {name: getattr(dist, name) for name in inst._originals}
-    originals = dict(inst._originals)
 
-    def use(functions: dict) -> None:  # what train.py's dist.all_reduce(...) finds
-        for name, fn in functions.items():
-            setattr(dist, name, fn)
+    def use(on: bool) -> None:  # failslow's kernels in PyTorch's dispatcher, or not
+        if on != inst.interception.active:
+            (inst.interception.install if on else inst.interception.uninstall)()
 
     plain = nn.parallel.DistributedDataParallel(
         ParallelMLP(args.model, args.hidden, args.tp, my_tp, 0), process_group=my_dp
     )
-    timed_group = inst.process_group(my_dp, dp_name) if args.arm_b == "instrumented" else my_dp
+    inst.register_group(dp_name, "dp", my_dp)
     timed = nn.parallel.DistributedDataParallel(
-        ParallelMLP(args.model, args.hidden, args.tp, my_tp, 0), process_group=timed_group
+        ParallelMLP(args.model, args.hidden, args.tp, my_tp, 0), process_group=my_dp
     )
     if args.arm_b == "instrumented-hook":  # the comm-hook way of timing DDP's buckets
         timed.register_comm_hook(None, inst.ddp_hook(dp_name, "dp", my_dp))
@@ -179,8 +178,9 @@ def worker(args: argparse.Namespace) -> int:
         order = "AB" if pair % 2 == 0 else "BA"
         times, cpu = {}, {}
         for arm in order:
-            use(wrapped if arm == "B" and instrumented else originals)
-            originals["barrier"]()  # both arms start together on every rank (not timed)
+            use(False)
+            dist.barrier()  # both arms start together on every rank (not timed)
+            use(arm == "B" and instrumented)
             c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
             if arm == "B" and instrumented:
                 with inst.step(pair):
@@ -194,7 +194,7 @@ def worker(args: argparse.Namespace) -> int:
             print(f"  {pair + 1}/{args.steps} step pairs", file=sys.stderr, flush=True)
     bg_by_thread = {name: _thread_cpu_s(name) - bg0[name] for name in threads}
     bg = sum(bg_by_thread.values())
-    use(originals)
+    use(False)
     out = {
         "rank": args.rank,
         "pairs": rows,

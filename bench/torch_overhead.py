@@ -3,9 +3,8 @@
 Per call: the same 2,000 small all_reduces with and without the instrumentation, CPU time of the
 calling thread per call (the wall time of a gloo all_reduce is dominated by the rendezvous, so
 the difference of CPU time is what the wrapper adds). Per step: a DDP training loop (an MLP,
-several gradient buckets) timed with and without it (DDP timed through
-``Instrumentation.process_group``; ``instrumented_hook``: through the comm hook ``ddp_hook``),
-median of 5 alternating runs. Targets
+several gradient buckets) timed with and without it (DDP's buckets timed below the Python API;
+``instrumented_hook``: with the comm hook ``ddp_hook`` as well), median of 5 alternating runs. Targets
 (issue 5): < 20 µs per collective, < 1% of step time.
 """
 
@@ -42,8 +41,8 @@ def per_call(inst: Instrumentation | None, calls: int = CALLS) -> float:
 
 
 def step_loop(inst: Instrumentation | None, steps: int = 40, way: str = "group") -> float:
-    """``way``: with ``inst``, how DDP is timed: ``group`` (Instrumentation.process_group) or
-    ``hook`` (Instrumentation.ddp_hook); without, ``python_hook`` runs PyTorch's own Python
+    """``way``: with ``inst``, ``group`` (DDP as it comes; its group named by
+    Instrumentation.process_group) or ``hook`` (Instrumentation.ddp_hook); without, ``python_hook`` runs PyTorch's own Python
     all-reduce hook (the cost of any Python comm hook), anything else plain DDP."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 

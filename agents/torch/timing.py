@@ -108,9 +108,6 @@ class CallTimer:
         self._stop = threading.Event()
         self.errors = 0
         self.recorded = 0
-        self._originals: dict[str, Callable[..., Any]] = {}
-        self._names: dict[int, str] = {}  # id(process group) -> comm id
-        self._pairs: set[str] = set()
         self._seq: dict[str, int] = {}
         self._lock = threading.Lock()
         self._rank: int | None = None
@@ -140,8 +137,15 @@ class CallTimer:
 
     def _watch(self) -> None:
         while not self._stop.wait(self._next_wake()):
-            self.poll_events()
-            self.report_inflight()
+            try:
+                self.poll_events()
+                self.report_inflight()
+                self._poll_more()
+            except Exception:  # noqa: BLE001 - the watchdog must outlive any error of ours
+                self.errors += 1
+
+    def _poll_more(self) -> None:
+        """More to look at on each wake-up (subclasses)."""
 
     def _next_wake(self) -> float:
         """Seconds the watchdog may sleep: every ``poll_s`` while calls may be GPU-timed (their

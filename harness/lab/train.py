@@ -7,8 +7,8 @@ Megatron way (column-parallel first layer, row-parallel second: one all-reduce i
 pass and one in the backward pass per step); data-parallel groups (ranks ``j, j + tp, ...`` of a
 stage) average gradients with DDP. Between stages, rank ``r`` sends its activations to rank
 ``r + world / pp`` and receives their gradients back (``dist.send``/``dist.recv``, one
-micro-batch per step). Every collective and p2p goes through ``failslow.agents.torch``'s
-instrumentation (the DDP gradient all-reduce through its comm hook) to the node agent's socket.
+micro-batch per step). Every collective and p2p is timed by ``failslow.agents.torch`` (below
+the Python API, DDP's gradient all-reduces included) and handed to the node agent's socket.
 
 Progress goes to ``--progress`` (one JSON line per step: step, start_ns, end_ns, loss), which the
 lab reads to date faults in steps. The job stops at the step written to ``--stop-file`` (the lab
@@ -209,9 +209,9 @@ def main(argv: list[str] | None = None, *, exit_when_done: bool = False) -> int:
         args.seed + stage,
         head=stage == args.pp - 1,
     )
-    # DDP's gradient all-reduces are timed through the group it is given
-    dp_group = inst.process_group(my_dp, dp_name, "dp") if inst is not None else my_dp
-    ddp = nn.parallel.DistributedDataParallel(model, process_group=dp_group)
+    if inst is not None:  # DDP's gradient all-reduces are timed whatever group it is given
+        inst.register_group(dp_name, "dp", my_dp)
+    ddp = nn.parallel.DistributedDataParallel(model, process_group=my_dp)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     replica = (args.rank % per_stage) // args.tp  # data-parallel index: the same batch in a
     # tp group and in every stage
