@@ -11,11 +11,13 @@ but never communicates (torchrun's own agent) runs none.
 
 Settings, all from the environment: ``FAILSLOW_JOB`` (default ``default``), ``FAILSLOW_SOCKET``
 (default: the node agent's socket for the job), ``FAILSLOW_SPOOL_DIR`` (files instead of the
-socket), ``FAILSLOW_INFLIGHT_AFTER_S`` (1.0).
+socket), ``FAILSLOW_INFLIGHT_AFTER_S`` (1.0). At exit, what is left is handed to the agent (at most
+``EXIT_FLUSH_S``).
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib.abc
 import importlib.machinery
 import logging
@@ -28,6 +30,7 @@ from typing import Any
 log = logging.getLogger("failslow.torch")
 
 ENV_ENABLE = "FAILSLOW_TORCH"
+EXIT_FLUSH_S = 2.0
 _TARGET = "torch"  # torch imports torch.distributed itself; install once both are whole
 _lock = threading.Lock()
 _instrumentation: Any = None
@@ -73,10 +76,23 @@ def install_now() -> Any:
             recorder = sdk.configure(start=False)
             inflight = float(os.environ.get("FAILSLOW_INFLIGHT_AFTER_S", "1.0"))
             _instrumentation = Instrumentation(recorder, inflight_after_s=inflight).install()
+            atexit.register(_at_exit, _instrumentation)
         except Exception:  # noqa: BLE001 - the training runs on, uninstrumented
             log.warning("failslow: could not instrument torch.distributed", exc_info=True)
             return None
     return _instrumentation
+
+
+def _at_exit(inst: Any) -> None:
+    """Hand what is left to the agent before the interpreter ends (at most ``EXIT_FLUSH_S``,
+    and not at all when no agent has been taking records: nothing would come of the wait)."""
+    try:
+        inst.poll_events()
+        recorder = inst.recorder
+        if recorder._thread is not None and not recorder.stats.agent_absent:
+            recorder.flush(timeout_s=EXIT_FLUSH_S)
+    except Exception:  # noqa: BLE001 - never in the way of the exit
+        pass
 
 
 class _Finder(importlib.abc.MetaPathFinder):

@@ -188,4 +188,5 @@ class Instrumentation(CallTimer):
 
     def _next_wake(self) -> float:
         wake = super()._next_wake()
-        return min(wake, 1.0) if self.interception._waiting else wake
+        pending = self.interception._waiting or self.interception._coalesced
+        return min(wake, 1.0) if pending else wake

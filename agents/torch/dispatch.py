@@ -62,7 +62,7 @@ def _wait(work: Any, *args: Any, **kwargs: Any) -> Any:
     assert _original_wait is not None
     result = _original_wait(work, *args, **kwargs)
     active = _active
-    if active is not None and active._waiting:
+    if active is not None and (active._waiting or active._coalesced):
         active._waited(work)
     return result
 
@@ -87,6 +87,7 @@ class Interception:
         # works without a future: id(work) -> (work, since, call, output data pointers)
         self._waiting: dict[int, tuple[Any, int, tuple[Any, ...], tuple[int, ...]]] = {}
         self._by_output: dict[int, int] = {}  # an output's data pointer -> id(work)
+        self._coalesced: list[tuple[int, tuple[Any, ...]]] = []  # (since, call): no work
 
     # -- install / uninstall -----------------------------------------------------------------
     def install(self) -> bool:
@@ -138,6 +139,7 @@ class Interception:
                     _original_wait = None
         self._waiting.clear()
         self._by_output.clear()
+        self._coalesced.clear()
 
     # -- the kernels -------------------------------------------------------------------------
     def _passthrough(self, name: str, count: bool) -> Callable[..., Any]:
@@ -233,8 +235,10 @@ class Interception:
         boxed = out[-1] if isinstance(out, tuple) else out
         work = _C10D.Work.unbox(boxed) if boxed is not None else None
         if work is None:
-            timer._forget(call[0], call[1])
-            self.untimed += 1
+            if _coalescing(args[spec.group]):  # issued at the end of the block, waited for
+                self._await_wait(None, call, ())
+            else:  # a synchronous call without a Work (NCCL's, torch >= 2.8): done, in order
+                timer._complete(*call)  # on the caller's stream
             return
         try:
             future = work.get_future()
@@ -254,6 +258,8 @@ class Interception:
 
     # -- works without a future ----------------------------------------------------------------
     def _await_wait(self, work: Any, call: tuple[Any, ...], outputs: tuple[int, ...]) -> None:
+        """``work`` None: a call inside a coalescing block, which has no work of its own; it
+        completes when the next work is waited for (the block's)."""
         global _original_wait
         if len(self._waiting) >= MAX_WAITING:
             self.timer._forget(call[0], call[1])
@@ -264,6 +270,9 @@ class Interception:
                 if _original_wait is None and _active is self:
                     _original_wait = _C10D.Work.wait
                     _C10D.Work.wait = _wait
+        if work is None:
+            self._coalesced.append((self.timer.clock(), call))
+            return
         self._waiting[id(work)] = (work, self.timer.clock(), call, outputs)
         for pointer in outputs:
             self._by_output[pointer] = id(work)
@@ -272,6 +281,10 @@ class Interception:
         entry = self._waiting.get(id(work))
         if entry is not None and entry[0] is work:
             self._done_waiting(id(work))
+        if self._coalesced:
+            done, self._coalesced = self._coalesced, []
+            for _, call in done:
+                self.timer._complete(*call)
 
     def _done_waiting(self, key: int, completed: bool = True) -> None:
         entry = self._waiting.pop(key, None)
@@ -289,9 +302,13 @@ class Interception:
     def poll_waiting(self, expire: bool = True) -> None:
         """Works waited for other than through ``Work.wait`` complete here; works never
         waited for are dropped after ``WAITING_EXPIRE_S`` (``expire``)."""
+        expire_ns = self.timer.clock() - int(WAITING_EXPIRE_S * 1e9) if expire else -1
+        while self._coalesced and self._coalesced[0][0] < expire_ns:
+            _, call = self._coalesced.pop(0)
+            self.timer._forget(call[0], call[1])
+            self.untimed += 1
         if not self._waiting:
             return
-        expire_ns = self.timer.clock() - int(WAITING_EXPIRE_S * 1e9) if expire else -1
         for key, (work, since, _, _) in list(self._waiting.items()):
             try:
                 completed = bool(work.is_completed())
@@ -318,6 +335,12 @@ def _data_pointers(value: Any) -> tuple[int, ...]:
     if isinstance(value, list | tuple):
         return tuple(p for v in value for p in _data_pointers(v))
     return ()
+
+
+def _coalescing(boxed_group: Any) -> bool:
+    """Whether the group is inside a ``_coalescing_manager`` block (PyTorch's own table)."""
+    state = getattr(dist.distributed_c10d._world, "pg_coalesce_state", None)
+    return bool(state) and _C10D.ProcessGroup.unbox(boxed_group) in state
 
 
 def _capturing(args: tuple[Any, ...]) -> bool:
