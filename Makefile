@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo serve test chaos lint bench eval clean venv torch image-smoke stack-smoke
+.PHONY: demo serve test chaos lint bench eval clean venv torch compat image-smoke stack-smoke
 
 venv: $(STAMP)
 
@@ -40,6 +40,13 @@ torch: $(STAMP)
 	  if ls /opt/wheels/torch-2.13.0*.whl >/dev/null 2>&1; then \
 	    $(PY) -m pip install --quiet --find-links /opt/wheels torch==2.13.0; \
 	  else echo "no local PyTorch wheel: the agents.torch tests will be skipped"; fi
+
+# PyTorch's own distributed test suite (gloo, 2 ranks), plain and with failslow in every rank:
+# no test may pass plain and fail with failslow (docs/pytorch-compat.md; ~25 min on 2 cores).
+# make test runs a selection of it (tests/compat/test_pytorch_compat.py).
+compat: $(STAMP) torch
+	@mkdir -p var
+	$(PY) -m tests.compat.run_suite --jobs 2 --json var/compat.json
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check cli service agents relay detectors harness wire migrations tests bench examples scripts

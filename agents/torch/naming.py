@@ -15,7 +15,7 @@ The id is ``<kind>-<members>``: up to four members listed (``tp-4-5``), an arith
 ``first..last`` with its stride (``dp-0..56s8``), anything else as ``first..last``, the count and
 a short hash. Two groups with the same members and kind (``new_group`` twice over the same
 ranks) are told apart by the order they were created in, which every member shares: the second
-is ``...~1``. Ids fit the API's identifier rule (<= 128 characters of ``[A-Za-z0-9._:@+-]``).
+is ``...+1``. Ids fit the API's identifier rule (<= 128 characters of ``[A-Za-z0-9._:@+-]``).
 """
 
 from __future__ import annotations
@@ -98,9 +98,9 @@ def members_form(ranks: Sequence[int]) -> str:
 
 
 def comm_id(kind: str, ranks: Sequence[int], duplicate: int = 0) -> str:
-    """``<kind>-<members>`` (``~k`` for the k-th other group over the same members)."""
+    """``<kind>-<members>`` (``+k`` for the k-th other group over the same members)."""
     name = f"{kind}-{members_form(ranks)}"
-    return name + (f"~{duplicate}" if duplicate else "")
+    return name + (f"+{duplicate}" if duplicate else "")
 
 
 @dataclass(slots=True)

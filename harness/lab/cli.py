@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from failslow.harness.lab import run as lab_run
-from failslow.harness.lab.report import FAULTS
+from failslow.harness.lab.report import FAULTS, LabFault
 from failslow.harness.lab.run import Lab
 from failslow.harness.lab.system import LabError, preflight
 
@@ -22,9 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         description=lab_run.__doc__.split("\n\n")[0] if lab_run.__doc__ else None,
     )
     p.add_argument("--ranks", type=int, default=4, help="ranks, one namespace each (default 4)")
-    p.add_argument(
-        "--tp", type=int, help="tensor-parallel group size (default 2; 1 with --pp > 1)"
-    )
+    p.add_argument("--tp", type=int, help="tensor-parallel group size (default 2; 1 with --pp > 1)")
     p.add_argument(
         "--pp",
         type=int,
@@ -34,7 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--fault",
         default="all",
-        help="compute, link, hang, none, all, or a comma-separated list (default all)",
+        help="compute, link, hang, slow, none, all (compute, link, hang), or a "
+        "comma-separated list (default all)",
     )
     p.add_argument("--target", type=int, default=1, help="the rank to fault (default 1)")
     p.add_argument("--json", dest="json_out", help="write the results here")
@@ -51,6 +50,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "healthy = one CPU, or CPUs/ranks where ranks outnumber CPUs)",
     )
     p.add_argument("--link-rate", default="100mbit", help="link fault: tbf rate")
+    p.add_argument(
+        "--slow-factor",
+        type=float,
+        default=1.8,
+        help="slow fault: the rank's compute takes this many times as long (default 1.8)",
+    )
     p.add_argument("--warmup", type=int, default=60, help="healthy steps before the first fault")
     p.add_argument("--healthy-steps", type=int, default=300, help="steps of --fault none")
     p.add_argument("--settle-steps", type=int, default=30, help="steps between faults")
@@ -77,7 +82,7 @@ def main(args: argparse.Namespace) -> int:
         )
         return 2
     faults = list(FAULTS) if args.fault == "all" else args.fault.split(",")
-    bad = [f for f in faults if f not in (*FAULTS, "none")]
+    bad = [f for f in faults if f not in (*LabFault, "none")]
     if bad or ("none" in faults and len(faults) > 1):
         print(f"failslow lab: unknown --fault {args.fault!r}", file=sys.stderr)
         return 2

@@ -15,11 +15,13 @@ class LabFault(StrEnum):
     COMPUTE = "compute"  # a cgroup cpu quota
     LINK = "link"  # tc tbf on its veth
     HANG = "hang"  # SIGSTOP
+    SLOW = "slow"  # compute of a known factor (harness/lab/slowdown.py)
 
 
-FAULTS = tuple(LabFault)
+FAULTS = (LabFault.COMPUTE, LabFault.LINK, LabFault.HANG)  # --fault all
 EXPECTED = {
     LabFault.COMPUTE: IncidentKind.SLOW_GPU,
+    LabFault.SLOW: IncidentKind.SLOW_GPU,
     LabFault.LINK: IncidentKind.SLOW_LINK,
     LabFault.HANG: IncidentKind.HANG,
 }
@@ -51,6 +53,8 @@ class FaultResult:
     recovered_step: int | None = None
     resolved: bool = False
     resolve_s: float | None = None
+    injected_slowdown: float | None = None  # --fault slow: the true compute factor
+    reported_slowdown: float | None = None  # the incident's subject_slowdown
 
 
 def table(out: dict[str, Any]) -> str:
@@ -62,6 +66,8 @@ def table(out: dict[str, Any]) -> str:
             else ",".join(map(str, f["ranks"]))
         )
         delay = f"{f['delay_steps']} st / {f['delay_s']} s" if f["detected"] else "-"
+        if f.get("injected_slowdown"):
+            subject += f" ({f['reported_slowdown']}x for {f['injected_slowdown']}x)"
         resolved = f"yes ({f['resolve_s']} s)" if f["resolved"] else "no"
         rows.append(
             (f["fault"], f"rank {f['target_rank']}", "yes" if f["detected"] else "NO",

@@ -11,7 +11,10 @@ into one rank (``--target``) and removed again:
   CPU) — expected: ``slow_gpu`` on that rank;
 * ``link``: a token bucket (``tc tbf``) on both ends of the rank's veth — expected: ``slow_link``
   naming the rank's host;
-* ``hang``: SIGSTOP of the rank, SIGCONT to recover — expected: ``hang`` with that rank as root.
+* ``hang``: SIGSTOP of the rank, SIGCONT to recover — expected: ``hang`` with that rank as root;
+* ``slow``: the rank computes ``--slow-factor`` times slower (:mod:`~failslow.harness.lab.slowdown`,
+  a truth to hold "N% slower than its peers" against) — expected: ``slow_gpu`` on that rank,
+  whose reported slowdown is written next to the injected one.
 
 Per fault: detected or not, the incident's kind and subject, the detection delay in steps and in
 seconds (from the injection to the incident's ``detected_ns``), whether it resolved after the
@@ -162,9 +165,13 @@ class Lab:
                 "--socket", str(self.work / f"{self.host(i)}.sock"),
                 "--progress", str(self.work / f"progress-{i}.jsonl"),
                 "--stop-file", str(self.work / "stop"), "--batch", str(self.args.batch),
+                "--slow-file", str(self.slow_file(i)),
             ]  # fmt: skip
             env = {"GLOO_SOCKET_IFNAME": self.net.ns_if(i), "OMP_NUM_THREADS": "1"}
             self.trainers.append(self._spawn(f"rank-{i}", self.net.exec(i, train), env))
+
+    def slow_file(self, i: int) -> Path:
+        return self.work / f"slow-{i}"
 
     def trainer_pid(self, i: int) -> int:
         """The Python process of rank ``i`` (``ip netns exec`` execs it, same pid)."""
@@ -232,6 +239,10 @@ class Lab:
             self.net.throttle(i, rate=self.args.link_rate)
         elif fault == LabFault.HANG:
             os.kill(self.trainer_pid(i), signal.SIGSTOP)
+        elif fault == LabFault.SLOW:
+            tmp = self.slow_file(i).with_suffix(".tmp")
+            tmp.write_text(f"{self.args.slow_factor}\n")
+            tmp.rename(self.slow_file(i))
 
     def recover(self, fault: str, i: int) -> None:
         if fault == LabFault.COMPUTE and self.quota is not None:
@@ -241,6 +252,8 @@ class Lab:
             self.net.unthrottle(i)
         elif fault == LabFault.HANG:
             os.kill(self.trainer_pid(i), signal.SIGCONT)
+        elif fault == LabFault.SLOW:
+            self.slow_file(i).unlink(missing_ok=True)
 
     def await_probes(self, incident: str, timeout_s: float = 60.0) -> dict[str, Any]:
         """A slow link's incident once the service's probe campaign has written its conclusion
@@ -264,6 +277,7 @@ class Lab:
             f"({self.args.cpu_quota:.0%} of its healthy share)",
             LabFault.LINK: f"tc tbf {self.args.link_rate} on its veth, both ways",
             LabFault.HANG: "SIGSTOP",
+            LabFault.SLOW: f"compute x{self.args.slow_factor:g}",
         }[fault]
         self.say(f"inject {fault} on rank {i} ({self.host(i)}) at step {res.injected_step}: {how}")
         self.inject(fault, i)
@@ -299,6 +313,10 @@ class Lab:
                 found = self.await_probes(found["id"])
             found = self.http.get(f"{self.url}/v1/incidents/{found['id']}").json()
             res.summary, res.hosts = found["summary"], list(found["hosts"])
+            if fault == LabFault.SLOW:
+                res.injected_slowdown = self.args.slow_factor
+                res.reported_slowdown = found.get("subject_slowdown")
+                self.say(f"  reported {res.reported_slowdown}x for {res.injected_slowdown}x")
             probes = (found.get("evidence") or {}).get("probes") or {}
             res.probes = probes.get("component") or probes.get("reason")
         self.recover(fault, i)

@@ -34,6 +34,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from failslow.harness.lab.slowdown import Slowdown
+
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m agents.lab.train")
@@ -55,6 +57,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=512, help="samples per rank per step")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-instrument", action="store_true", help="train without failslow")
+    p.add_argument(
+        "--slow-file", help="while this file holds a factor F, compute F times slower (lab)"
+    )
     return p.parse_args(argv)
 
 
@@ -219,6 +224,7 @@ def main(argv: list[str] | None = None, *, exit_when_done: bool = False) -> int:
     nxt = args.rank + per_stage if stage < args.pp - 1 else None
     target_w = torch.randn(args.model, generator=torch.Generator().manual_seed(1234))
     progress = open(args.progress, "a", buffering=1) if args.progress else None  # noqa: SIM115
+    slow = Slowdown(args.slow_file)
 
     step = 0
     finished = False
@@ -233,9 +239,9 @@ def main(argv: list[str] | None = None, *, exit_when_done: bool = False) -> int:
             start = time.time_ns()
             if inst is not None:
                 with inst.step(step):
-                    loss = _train_step(ddp, opt, x, y, prev, nxt)
+                    loss = _train_step(ddp, opt, x, y, prev, nxt, slow)
             else:
-                loss = _train_step(ddp, opt, x, y, prev, nxt)
+                loss = _train_step(ddp, opt, x, y, prev, nxt, slow)
             end = time.time_ns()
             if progress is not None:
                 progress.write(
@@ -268,15 +274,21 @@ def _train_step(
     y: torch.Tensor,
     prev: int | None = None,
     nxt: int | None = None,
+    slow: Slowdown | None = None,
 ) -> float:
     """One step of this rank's stage: receive activations from ``prev`` (the stage before),
-    send them on to ``nxt`` and receive their gradients back; the last stage has the loss."""
+    send them on to ``nxt`` and receive their gradients back; the last stage has the loss.
+    ``slow``: a known compute slowdown (:mod:`failslow.harness.lab.slowdown`)."""
     opt.zero_grad(set_to_none=True)
     if prev is not None:
         x = torch.empty_like(x)
         dist.recv(x, src=prev)
         x.requires_grad_()
+    if slow is not None:
+        slow.begin_step()
     out = ddp(x)
+    if slow is not None:
+        slow.backward_begins(out)
     loss = 0.0
     if nxt is not None:
         dist.send(out.detach().contiguous(), dst=nxt)
@@ -291,6 +303,8 @@ def _train_step(
         assert x.grad is not None
         dist.send(x.grad.contiguous(), dst=prev)
     opt.step()
+    if slow is not None:
+        slow.end_step()
     return loss
 
 

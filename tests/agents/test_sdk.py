@@ -86,3 +86,31 @@ def test_a_burst_is_sent_before_the_interval(tmp_path: Path) -> None:
         time.sleep(0.01)
     assert rec.stats.sent == 100
     rec.close()
+
+
+def test_no_agent_is_said_once_and_its_return_too(tmp_path: Path, caplog: object) -> None:
+    import logging
+
+    path = str(tmp_path / "agent.sock")
+    caplog.set_level(logging.WARNING, logger="failslow.sdk")  # type: ignore[attr-defined]
+    rec = Recorder("j", socket_path=path, flush_interval_s=0.01, warn_no_agent_after_s=0.05)
+    for i in range(30):
+        rec.record_step(rank=0, step=i, start_ns=i, end_ns=i + 1)
+        time.sleep(0.01)
+    assert rec.flush(timeout_s=0.3) is False
+    assert rec.stats.agent_absent and rec.stats.agent_absent_warnings == 1
+    assert rec.stats.undelivered == 30 and rec.stats.sent == 0
+    warned = [r for r in caplog.records if "no node agent" in r.getMessage()]  # type: ignore[attr-defined]
+    assert len(warned) == 1 and path in warned[0].getMessage()
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(path)
+    server.settimeout(5)
+    steps = []
+    while len(steps) < 30:  # the agent reads: everything kept arrives, in order
+        steps += [m[2] for m in wire.decode_payload(server.recv(1 << 18))[1] if m[0] == "s"]
+    assert steps == list(range(30))
+    assert rec.flush(timeout_s=5)
+    assert not rec.stats.agent_absent and rec.stats.undelivered == 0 and rec.stats.sent == 30
+    assert any("again" in r.getMessage() for r in caplog.records)  # type: ignore[attr-defined]
+    rec.close()
+    server.close()

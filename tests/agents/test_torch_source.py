@@ -28,9 +28,7 @@ def _init(rank: int, port: int, world: int = WORLD) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
 
 
-def _train(
-    steps: int, instrument: Any | None, way: str = "group", dp: Any = None
-) -> list[float]:
+def _train(steps: int, instrument: Any | None, way: str = "group", dp: Any = None) -> list[float]:
     """``way``: DDP as it comes (``group``: its group named by Instrumentation.process_group)
     or with a comm hook (``hook``: Instrumentation.ddp_hook); ``dp``: DDP's process group."""
     import torch.distributed as dist
