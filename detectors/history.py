@@ -32,6 +32,7 @@ NOISE_BAND = 2.0  # ... or within this many times the job's step noise, where th
 NORMAL_PULL = 0.3  # ... by this share of the difference (about 3 blocks to follow a drift)
 NOISE_BLOCKS = 20  # blocks over which the job's step noise is the median
 JOB_NOISE_BAR = 2.0  # a job slowdown is at least this many times the job's step noise
+RANK_BLOCKS = 20  # blocks of per-rank compute medians kept for each rank's healthy floor
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +87,12 @@ class FrameHistory:
         # ... and the job's step-to-step noise: per block, the robust relative spread of its
         # step times around the block's median (a level shift between blocks is not noise)
         self.noise_blocks: deque[float] = deque(maxlen=NOISE_BLOCKS)
+        # each rank's compute per block of frames (block medians), whose minimum is its healthy
+        # level: a slow GPU only adds compute, so the fastest recent block ignores a slowdown
+        # without knowing when it began (a weak one is found late, after the ring has forgotten
+        # the healthy frames before it)
+        self._cblock: list[np.ndarray] = []
+        self.compute_blocks: deque[np.ndarray] = deque(maxlen=RANK_BLOCKS)
 
     # -- shape ---------------------------------------------------------------------------------
     def ensure(self, n: int, n_comms: int) -> None:
@@ -133,6 +140,7 @@ class FrameHistory:
             arr[:n, p] = values
         self.cross[n:, p] = np.nan
         self.cross[:n, p] = nodes.rank_ratio
+        self._add_compute(s.compute)
         m = min(n_comms, links.ratio.size)
         self.link_ratio[m:, p] = np.nan
         # within its own noise counts as healthy (dating and hysteresis agree with detection)
@@ -148,6 +156,24 @@ class FrameHistory:
             )
         self.has_steps = frame.has_steps
         self.count += 1
+
+    def _add_compute(self, compute: np.ndarray) -> None:
+        self._cblock.append(np.array(compute, dtype=np.float32))
+        if len(self._cblock) < self.block:
+            return
+        width = max(a.size for a in self._cblock)
+        stack = np.full((len(self._cblock), width), np.nan, dtype=np.float32)
+        for i, a in enumerate(self._cblock):
+            stack[i, : a.size] = a
+        self.compute_blocks.append(quiet_nan(np.nanmedian, stack, axis=0))
+        self._cblock = []
+
+    def compute_floor(self, slot: int) -> float:
+        """A rank's healthy compute time per frame: its fastest block median of the last
+        ``RANK_BLOCKS`` blocks (NaN before the first block)."""
+        vals = [float(b[slot]) for b in self.compute_blocks if slot < b.size]
+        vals = [v for v in vals if np.isfinite(v) and v > 0]
+        return min(vals) if vals else float("nan")
 
     def learn_own_ratio(self, ratio: np.ndarray, learn: np.ndarray) -> None:
         """EWMA of each rank's compute ratio, for the ranks in ``learn``."""

@@ -20,6 +20,8 @@ from failslow.detectors.straggler import FrameScores
 from failslow.detectors.types import Frame, JobShape
 from failslow.detectors.vocab import FindingStatus, IncidentKind, Subject
 
+CONTAMINATED = 1.1  # a healthy level this far above the rank's fastest recent block is not one
+
 # the numbers of a report: (job slowdown, subject slowdown, confidence, reason, evidence)
 Numbers = tuple[float, float, float, str, dict[str, Any]]
 
@@ -250,9 +252,17 @@ class Reporter:
         comp_now = hist.compute[slot, since] if since.size else hist.compute[slot, recent]
         comp_before = hist.compute[slot, before]
         own_now, own_before = median(comp_now), median(comp_before)
+        enough_before = np.isfinite(comp_before).sum() >= 3
+        # the healthy level: the median before the onset, unless that is well above the rank's
+        # fastest recent block (an onset dated late leaves slow frames before it, and the ratio
+        # would read ~1: a 1.4x rank found 73 steps late in the lab); the floor then. The floor
+        # alone would overstate (the fastest of 20 noisy block medians: +5-10% in the lab).
+        floor = hist.compute_floor(slot)
+        if np.isfinite(floor) and (not enough_before or not own_before <= CONTAMINATED * floor):
+            own_before, enough_before = floor, True
         own_ok = np.isfinite(own_before) and own_before > 0 and np.isfinite(own_now)
-        if frame.has_steps and own_ok and np.isfinite(comp_before).sum() >= 3:
-            subject, basis = own_now / own_before, "own compute time now vs before onset"
+        if frame.has_steps and own_ok and enough_before:
+            subject, basis = own_now / own_before, "own compute time now vs its healthy level"
         elif np.isfinite(ratio_now):
             subject, basis = ratio_now, "compute time vs role peers"
         elif np.isfinite(late_s) and np.isfinite(frame_time) and frame_time > late_s:
