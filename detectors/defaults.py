@@ -31,6 +31,9 @@ class Defaults:
     # frames of 10 in the lab's healthy pipelines): there a slow GPU needs 7 of 10
     noisy_small_spread: float = 0.1
     noisy_small_evidence: tuple[int, int] = (10, 7)
+    # ... and a job whose compute is unobservable (lateness its only signal): noisy when its
+    # ranks' lateness, pooled over recent frames, spreads by this share of a step or more
+    noisy_blind_spread: float = 0.02
     open_after: int = 4  # suspect frames within the window before a condition opens
     resolve_after: int = 8  # consecutive clean frames before a condition resolves
     warmup_frames: int = 5  # frames ignored at job start

@@ -46,6 +46,9 @@ MODELED = np.array([KIND_INDEX[k] for k in (CommKind.DP, CommKind.TP, CommKind.W
 ADVISORY = np.array([KIND_INDEX[k] for k in (CommKind.EP, CommKind.CP, CommKind.OTHER)])
 TP, DP = KIND_INDEX[CommKind.TP], KIND_INDEX[CommKind.DP]
 
+UNOBSERVABLE = 0.9  # communication over this share of a step leaves its compute unknown
+OBSERVABLE_PULL = 0.02  # a job whose compute is known for under half its ranks is judged blind
+
 
 @dataclass(frozen=True, slots=True)
 class FrameScores:
@@ -67,12 +70,16 @@ class FrameScores:
     # a small job's noise: the robust spread of its ranks' compute ratios pooled over its recent
     # frames (NaN for jobs of 8+ ranks, or while too few frames are pooled)
     small_noise: float = float("nan")
+    # compute unknown for most ranks: ``small_noise`` is then the pooled spread of lateness
+    blind: bool = False
 
     @property
     def shaky(self) -> bool:
-        """A small job on shared CPUs (``small_noise`` >= ``DEFAULTS.noisy_small_spread``): a slow
-        GPU needs more evidence there and p2p timings are no link evidence."""
-        return self.small_noise >= DEFAULTS.noisy_small_spread
+        """A small job on shared CPUs (``small_noise`` >= ``DEFAULTS.noisy_small_spread``, or
+        ``noisy_blind_spread`` of lateness where compute is unobservable): a slow GPU needs more
+        evidence there and p2p timings are no link evidence."""
+        bar = DEFAULTS.noisy_blind_spread if self.blind else DEFAULTS.noisy_small_spread
+        return self.small_noise >= bar
 
 
 def min_rule_lateness(late: np.ndarray, calls: np.ndarray) -> np.ndarray:
@@ -160,6 +167,8 @@ class PeerLatenessDetector:
         self._ratio_pool: deque[np.ndarray] = deque(maxlen=200)
         self._late_pool: deque[np.ndarray] = deque(maxlen=200)
         self.job_work = JobWork()  # the job's step time at its usual work
+        self.observable = 1.0  # share of ranks whose compute is known (EWMA over frames)
+        self._frames = 0
 
     def _pooled_spread(self, pool: deque[np.ndarray], values: np.ndarray) -> tuple[float, float]:
         """(median, robust spread) of the pooled history (NaN while too short); then pools
@@ -219,6 +228,12 @@ class PeerLatenessDetector:
                 else np.nan
             )
             compute = np.maximum(frame.step_time - frame.comm_time, 0.0)
+            # Where a rank's time inside communication all but fills its step, its compute is
+            # a small difference of two large numbers, and with overlapped calls (FSDP's
+            # prefetched all-gathers, DTensor's and DDP's asynchronous collectives) their sum
+            # is not time blocked: unknown, not near zero (a healthy FSDP2 x TP x PP rank read
+            # 0.08 ms of compute in a 250 ms step, then 14 ms: "16508% slower")
+            compute[frame.comm_time >= UNOBSERVABLE * frame.step_time] = np.nan
             reported = reported_work(frame)
             if reported is not None:
                 compute = compute / reported
@@ -241,11 +256,24 @@ class PeerLatenessDetector:
         typical = np.nanmedian(own_late) if np.isfinite(own_late).any() else 0.0
         # Noise-relative: how far above typical is the rank, in robust spreads of this frame's
         # ratios? Jobs whose per-step work varies (random sequence lengths) need more to convince.
-        small = int(present.sum()) < self.small
+        # Few ranks, or compute unknown for most (a second signal missing): noise comes from
+        # the pooled history. An FSDP2 x TP x PP job on shared cores, 8 ranks, whose compute
+        # is unobservable, had its ranks take turns being 6-20% late: 8 false slow GPUs in 200
+        # healthy steps when judged frame by frame across its ranks.
+        n_present = int(present.sum())
+        if n_present:  # the share of ranks whose compute is known: the mean of the first 50
+            self._frames += 1  # frames, then smoothed over about as many
+            seen = float(np.isfinite(ratio[present]).sum()) / n_present
+            pull = max(OBSERVABLE_PULL, 1.0 / self._frames)
+            self.observable += pull * (seen - self.observable)
+        blind = self.observable < 0.5
+        small = n_present < self.small or blind
         small_noise = float("nan")
         if small:
             z, small_noise = self._z_small(self._ratio_pool, ratio)
-            z_late, _ = self._z_small(self._late_pool, own_late - typical)
+            z_late, late_noise = self._z_small(self._late_pool, own_late - typical)
+            if blind:
+                small_noise = late_noise
         else:
             z = self._z(ratio)
             z_late = np.full(ratio.shape, np.inf)
@@ -296,6 +324,7 @@ class PeerLatenessDetector:
                 (ratio >= self.compute_ratio) & (z >= self.z_suspect) & (not small), nan=0
             ).astype(bool),
             small_noise=small_noise,
+            blind=blind,
         )
 
 

@@ -22,6 +22,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         description=lab_run.__doc__.split("\n\n")[0] if lab_run.__doc__ else None,
     )
     p.add_argument("--ranks", type=int, default=4, help="ranks, one namespace each (default 4)")
+    p.add_argument(
+        "--model",
+        choices=["mlp", "titan"],
+        default="mlp",
+        help="mlp: Megatron-style MLP, DDP, explicit instrumentation (harness/lab/train.py); "
+        "titan: FSDP2 x TP (DTensor) x PP (pipelining) on a DeviceMesh, instrumented the "
+        "failslow run way (harness/lab/titan.py; needs --tp and --pp, default 2 and 2)",
+    )
     p.add_argument("--tp", type=int, help="tensor-parallel group size (default 2; 1 with --pp > 1)")
     p.add_argument(
         "--pp",
@@ -86,6 +94,8 @@ def main(args: argparse.Namespace) -> int:
     if bad or ("none" in faults and len(faults) > 1):
         print(f"failslow lab: unknown --fault {args.fault!r}", file=sys.stderr)
         return 2
+    if args.model == "titan" and args.pp == 1 and args.tp is None:
+        args.pp, args.tp = 2, 2
     if args.tp is None:
         args.tp = 2 if args.pp == 1 else 1
     if (

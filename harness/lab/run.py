@@ -42,6 +42,7 @@ from typing import Any
 
 import httpx
 
+from failslow.agents.launch import run_environment
 from failslow.detectors.vocab import IncidentKind
 from failslow.harness.lab import remote
 from failslow.harness.lab.report import EXPECTED, LOCALIZED_KINDS, FaultResult, LabFault, table
@@ -158,16 +159,22 @@ class Lab:
                 time.sleep(0.1)
         (self.work / "stop").unlink(missing_ok=True)
         for i in range(self.n):
-            train = [
-                sys.executable, "-m", "failslow.harness.lab.train", "--rank", str(i),
-                "--world", str(self.n), "--tp", str(self.args.tp), "--pp", str(self.args.pp),
-                "--master", f"{self.net.ip(0)}:29500", "--job", self.job,
-                "--socket", str(self.work / f"{self.host(i)}.sock"),
+            sock = str(self.work / f"{self.host(i)}.sock")
+            common = [
+                "--rank", str(i), "--world", str(self.n), "--tp", str(self.args.tp),
+                "--pp", str(self.args.pp), "--master", f"{self.net.ip(0)}:29500",
                 "--progress", str(self.work / f"progress-{i}.jsonl"),
-                "--stop-file", str(self.work / "stop"), "--batch", str(self.args.batch),
-                "--slow-file", str(self.slow_file(i)),
+                "--stop-file", str(self.work / "stop"), "--slow-file", str(self.slow_file(i)),
             ]  # fmt: skip
             env = {"GLOO_SOCKET_IFNAME": self.net.ns_if(i), "OMP_NUM_THREADS": "1"}
+            if self.args.model == "titan":  # no failslow code in it: failslow run's way
+                train = [sys.executable, "-m", "failslow.harness.lab.titan", *common]
+                env = run_environment({**os.environ, **env}, self.job, sock, None)
+            else:
+                train = [
+                    sys.executable, "-m", "failslow.harness.lab.train", *common,
+                    "--job", self.job, "--socket", sock, "--batch", str(self.args.batch),
+                ]  # fmt: skip
             self.trainers.append(self._spawn(f"rank-{i}", self.net.exec(i, train), env))
 
     def slow_file(self, i: int) -> Path:
@@ -354,8 +361,8 @@ class Lab:
             self.say(f"service {self.url}; work dir {self.work}")
             self.start_job()
             self.say(
-                f"{self.n} ranks (tp={self.args.tp} x dp={self.dp} x pp={self.args.pp}), one per "
-                f"namespace; warming up {self.args.warmup} steps"
+                f"{self.n} ranks of the {self.args.model} job (tp={self.args.tp} x dp={self.dp} x "
+                f"pp={self.args.pp}), one per namespace; warming up {self.args.warmup} steps"
             )
             self.wait_steps(self.args.warmup, 180.0)
             agents = [self.work / "agents" / self.host(i) for i in range(self.n)]
@@ -400,6 +407,7 @@ class Lab:
             and not false
         )
         out = {
+            "model": self.args.model,
             "ranks": self.n,
             "tp": self.args.tp,
             "dp": self.dp,

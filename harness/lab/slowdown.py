@@ -56,11 +56,12 @@ class Slowdown:
                 x = x * 1.000001 + 1e-9
         self._spent += time.thread_time_ns() - start
 
-    def begin_step(self) -> None:
-        """Before the forward pass."""
+    def begin_step(self, share: float = 0.5) -> None:
+        """Before the forward pass: ``share`` of the extra compute (the rest when the backward
+        pass begins, :meth:`backward_begins`)."""
         self._spent = 0
         self._t0 = time.thread_time_ns()
-        self._burn(0.5)
+        self._burn(share)
 
     def backward_begins(self, tensor: Any) -> Any:
         """Hook ``tensor`` (the forward output): the other half when its gradient arrives."""
