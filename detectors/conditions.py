@@ -159,7 +159,9 @@ class Conditions:
                 out.append(self.reporter.finding(UPDATED, info, key[1], frame))
         return out
 
-    def gpus_step(self, frame: Frame, s: FrameScores, nodes: NodeScores) -> list[Finding]:
+    def gpus_step(
+        self, frame: Frame, s: FrameScores, nodes: NodeScores, links: LinkScores | None = None
+    ) -> list[Finding]:
         shape, hist = self.shape, self.history
         assert shape is not None
         host = (
@@ -181,6 +183,12 @@ class Conditions:
                       beyond_noise=s.beyond_noise if noisy else None,
                       standout=s.standout if noisy else None)  # fmt: skip
         suspect = v.suspect & ~on_slow_host  # the node explains its ranks
+        if s.blind and links is not None:
+            # lateness alone cannot tell a slow GPU from a slow NIC (every call of the rank
+            # crosses it): where most of the host's cross-host communicators are slow in this
+            # frame, the link explains the lateness (a throttled NIC in the lab's FSDP2 x TP x
+            # PP job was read as a slow GPU)
+            suspect &= ~_on_slow_nic(host, links.host_slow_fraction)
         # a small job on shared CPUs needs more evidence (DEFAULTS.noisy_small_evidence)
         evidence = DEFAULTS.noisy_small_evidence if s.shaky else None
         trans = self.gpus.update(suspect, v.elevated, np.isfinite(s.late), v.strong,
@@ -252,7 +260,9 @@ class Conditions:
         assert shape is not None
         out: set[str] = set()
         host = shape.host_of_slot
-        for slot in np.flatnonzero(s.suspect[: host.size]).tolist():
+        # a blind job's suspects are only late, which a slow NIC makes them too: no evidence
+        suspects = np.flatnonzero(s.suspect[: host.size]) if not s.blind else np.zeros(0, int)
+        for slot in suspects.tolist():
             if host[slot] >= 0:
                 out.add(shape.hosts[host[slot]])
         for (kind, _), info in self.opened.items():
@@ -405,3 +415,11 @@ class Conditions:
             info.slots, info.hosts = slots, found.hosts
             return [self.reporter.hang_finding(UPDATED, info, found, snap)]
         return []
+
+
+def _on_slow_nic(host: np.ndarray, slow_fraction: np.ndarray) -> np.ndarray:
+    """Per rank: do most cross-host communicators of its host look slow in this frame?"""
+    out = np.zeros(host.size, dtype=bool)
+    ok = (host >= 0) & (host < slow_fraction.size)
+    out[ok] = np.nan_to_num(slow_fraction[host[ok]], nan=0.0) >= 0.5
+    return out

@@ -195,7 +195,7 @@ class JobPipeline:
             return []
         findings: list[Finding] = []
         findings += cond.redate(frame)
-        findings += cond.gpus_step(frame, scores, nodes)
+        findings += cond.gpus_step(frame, scores, nodes, links)
         findings += cond.nodes_step(frame, nodes)
         findings += cond.links_step(frame, links, scores)
         findings += cond.job_step(frame, scores, nodes, links)

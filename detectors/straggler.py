@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from failslow.detectors.defaults import DEFAULTS
-from failslow.detectors.robust import MAD_SCALE, group_median, loo_median
+from failslow.detectors.robust import MAD_SCALE, group_median, loo_median, quiet_nan
 from failslow.detectors.types import KIND_INDEX, P2P, Frame, JobShape, PeerGroups
 from failslow.detectors.vocab import CommKind
 from failslow.detectors.work import JobWork, reported_work, unequal_work
@@ -47,6 +47,7 @@ ADVISORY = np.array([KIND_INDEX[k] for k in (CommKind.EP, CommKind.CP, CommKind.
 TP, DP = KIND_INDEX[CommKind.TP], KIND_INDEX[CommKind.DP]
 
 UNOBSERVABLE = 0.9  # communication over this share of a step leaves its compute unknown
+ROLL = 5  # frames over which a blind job's ranks' lateness is also averaged
 OBSERVABLE_PULL = 0.02  # a job whose compute is known for under half its ranks is judged blind
 
 
@@ -168,6 +169,7 @@ class PeerLatenessDetector:
         self._late_pool: deque[np.ndarray] = deque(maxlen=200)
         self.job_work = JobWork()  # the job's step time at its usual work
         self.observable = 1.0  # share of ranks whose compute is known (EWMA over frames)
+        self._recent: deque[np.ndarray] = deque(maxlen=ROLL)  # excess lateness, blind jobs
         self._frames = 0
 
     def _pooled_spread(self, pool: deque[np.ndarray], values: np.ndarray) -> tuple[float, float]:
@@ -193,6 +195,22 @@ class PeerLatenessDetector:
             return np.zeros(values.shape), spread  # noise unknown yet: nothing stands out
         with np.errstate(invalid="ignore"):
             return np.where(np.isfinite(values), (values - med) / spread, np.inf), spread
+
+    def _z_rolling(self, excess: np.ndarray, spread: float) -> np.ndarray:
+        """z of each rank's mean excess lateness over the last ``ROLL`` frames, of which at
+        least ``ROLL - 2`` must have judged it (-inf otherwise, or while the noise is
+        unknown)."""
+        self._recent.append(np.asarray(excess, dtype=np.float64))
+        n = excess.shape[0]
+        if len(self._recent) < ROLL or not np.isfinite(spread):
+            return np.full(n, -np.inf)
+        stack = np.full((ROLL, n), np.nan)
+        for i, r in enumerate(self._recent):
+            stack[i, : min(n, r.size)] = r[:n]
+        have = np.isfinite(stack).sum(axis=0)  # frames where the rank was judged (not held
+        mean = quiet_nan(np.nanmean, stack, axis=0)  # up by a pipeline neighbour, present)
+        z = mean / (spread / np.sqrt(np.maximum(have, 1)))
+        return np.where(np.isfinite(mean) & (have >= ROLL - 2), z, -np.inf)
 
     def _z(self, ratio: np.ndarray) -> np.ndarray:
         """(ratio - median) / robust spread across ranks; +inf (no noise gate) below 8 ranks."""
@@ -271,13 +289,26 @@ class PeerLatenessDetector:
         small_noise = float("nan")
         if small:
             z, small_noise = self._z_small(self._ratio_pool, ratio)
-            z_late, late_noise = self._z_small(self._late_pool, own_late - typical)
+            excess = own_late - typical
+            z_late, late_noise = self._z_small(self._late_pool, excess)
             if blind:
                 small_noise = late_noise
+                # lateness is the only signal: a rank late by a little in every recent frame
+                # stands out of the noise as one late by a lot in one (the mean of the last
+                # ROLL frames, whose noise is the pooled spread / sqrt(ROLL))
+                z_late = np.fmax(z_late, self._z_rolling(excess, late_noise))
         else:
             z = self._z(ratio)
             z_late = np.full(ratio.shape, np.inf)
         ratio_ok = np.isnan(ratio) | ((ratio >= self.compute_ratio) & (z >= self.z_suspect))
+        if blind:
+            # no compute to corroborate: the straggler is the rank that waits *least* inside
+            # communication (C4's syndrome), while both ends of a slow link wait longer
+            # than their peers (a throttled NIC read as a slow GPU in the lab's FSDP2 x TP x PP
+            # job when lateness alone decided)
+            # (and the few compute ratios known are no evidence either way)
+            waits_least = np.nan_to_num(peer_ratio(frame.comm_time, groups) <= 1.0, nan=1)
+            ratio_ok = waits_least.astype(bool)
         relaxed_ratio = 1.0 + (self.compute_ratio - 1.0) * self.relax
         with np.errstate(invalid="ignore"):
             suspect = (
@@ -288,6 +319,7 @@ class PeerLatenessDetector:
             )
             elevated = (
                 (late_fraction >= self.late_fraction * self.relax)
+                & (ratio_ok | ~blind)
                 & (np.isnan(ratio) | (ratio >= relaxed_ratio))
                 # small jobs: still above their noise (hysteresis must not feed on jitter)
                 & (~small | (z >= self.z_suspect * self.relax))
