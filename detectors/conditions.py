@@ -14,6 +14,7 @@ from collections import deque
 import numpy as np
 
 from failslow.detectors import own
+from failslow.detectors.blind import on_slow_nic
 from failslow.detectors.changepoint import OnlineChangeDetector
 from failslow.detectors.defaults import DEFAULTS
 from failslow.detectors.findings import Finding, date_onset
@@ -184,11 +185,9 @@ class Conditions:
                       standout=s.standout if noisy else None)  # fmt: skip
         suspect = v.suspect & ~on_slow_host  # the node explains its ranks
         if s.blind and links is not None:
-            # lateness alone cannot tell a slow GPU from a slow NIC (every call of the rank
-            # crosses it): where most of the host's cross-host communicators are slow in this
-            # frame, the link explains the lateness (a throttled NIC in the lab's FSDP2 x TP x
-            # PP job was read as a slow GPU)
-            suspect &= ~_on_slow_nic(host, links.host_slow_fraction)
+            # lateness alone cannot tell a slow GPU from a slow NIC that every call of the
+            # rank crosses: the link explains it (detectors/blind.py)
+            suspect &= ~on_slow_nic(host, links.host_slow_fraction)
         # a small job on shared CPUs needs more evidence (DEFAULTS.noisy_small_evidence)
         evidence = DEFAULTS.noisy_small_evidence if s.shaky else None
         trans = self.gpus.update(suspect, v.elevated, np.isfinite(s.late), v.strong,
@@ -415,11 +414,3 @@ class Conditions:
             info.slots, info.hosts = slots, found.hosts
             return [self.reporter.hang_finding(UPDATED, info, found, snap)]
         return []
-
-
-def _on_slow_nic(host: np.ndarray, slow_fraction: np.ndarray) -> np.ndarray:
-    """Per rank: do most cross-host communicators of its host look slow in this frame?"""
-    out = np.zeros(host.size, dtype=bool)
-    ok = (host >= 0) & (host < slow_fraction.size)
-    out[ok] = np.nan_to_num(slow_fraction[host[ok]], nan=0.0) >= 0.5
-    return out

@@ -322,7 +322,9 @@ class LinkDetector:
             mine[ch_comm[ch_host == h]] = True
             if matters(bad & mine):
                 suspects[Subject.host(shape.hosts[h])] = (
-                    (shape.hosts[h],), slowdown(bad & mine), ()
+                    (shape.hosts[h],),
+                    slowdown(bad & mine),
+                    (),
                 )
             return host_frac, suspects
         ids = np.flatnonzero(f_edge >= best - tol)

@@ -168,9 +168,13 @@ class Reporter:
             reason=reason,
             evidence=evidence,
             has_steps=frame.has_steps,
-            severity=severity_of(info.kind, impact(slowdown, evidence.get("attributed_slowdown")),
-                                 subject_slowdown, major=self.severity[0],
-                                 critical=self.severity[1]),  # fmt: skip
+            severity=severity_of(
+                info.kind,
+                impact(slowdown, evidence.get("attributed_slowdown")),
+                subject_slowdown,
+                major=self.severity[0],
+                critical=self.severity[1],
+            ),  # fmt: skip
         )
 
     def _node(

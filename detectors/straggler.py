@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from failslow.detectors.blind import Observability, RollingLateness, unobservable, waits_least
 from failslow.detectors.defaults import DEFAULTS
-from failslow.detectors.robust import MAD_SCALE, group_median, loo_median, quiet_nan
+from failslow.detectors.robust import MAD_SCALE, group_median, loo_median
 from failslow.detectors.types import KIND_INDEX, P2P, Frame, JobShape, PeerGroups
 from failslow.detectors.vocab import CommKind
 from failslow.detectors.work import JobWork, reported_work, unequal_work
@@ -45,10 +46,6 @@ MODELED = np.array([KIND_INDEX[k] for k in (CommKind.DP, CommKind.TP, CommKind.W
 # modeled group, and never vetoes one that is late in its own data/tensor-parallel groups.
 ADVISORY = np.array([KIND_INDEX[k] for k in (CommKind.EP, CommKind.CP, CommKind.OTHER)])
 TP, DP = KIND_INDEX[CommKind.TP], KIND_INDEX[CommKind.DP]
-
-UNOBSERVABLE = 0.9  # communication over this share of a step leaves its compute unknown
-ROLL = 5  # frames over which a blind job's ranks' lateness is also averaged
-OBSERVABLE_PULL = 0.02  # a job whose compute is known for under half its ranks is judged blind
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,9 +165,8 @@ class PeerLatenessDetector:
         self._ratio_pool: deque[np.ndarray] = deque(maxlen=200)
         self._late_pool: deque[np.ndarray] = deque(maxlen=200)
         self.job_work = JobWork()  # the job's step time at its usual work
-        self.observable = 1.0  # share of ranks whose compute is known (EWMA over frames)
-        self._recent: deque[np.ndarray] = deque(maxlen=ROLL)  # excess lateness, blind jobs
-        self._frames = 0
+        self.observability = Observability()  # detectors/blind.py
+        self.rolling = RollingLateness()
 
     def _pooled_spread(self, pool: deque[np.ndarray], values: np.ndarray) -> tuple[float, float]:
         """(median, robust spread) of the pooled history (NaN while too short); then pools
@@ -195,22 +191,6 @@ class PeerLatenessDetector:
             return np.zeros(values.shape), spread  # noise unknown yet: nothing stands out
         with np.errstate(invalid="ignore"):
             return np.where(np.isfinite(values), (values - med) / spread, np.inf), spread
-
-    def _z_rolling(self, excess: np.ndarray, spread: float) -> np.ndarray:
-        """z of each rank's mean excess lateness over the last ``ROLL`` frames, of which at
-        least ``ROLL - 2`` must have judged it (-inf otherwise, or while the noise is
-        unknown)."""
-        self._recent.append(np.asarray(excess, dtype=np.float64))
-        n = excess.shape[0]
-        if len(self._recent) < ROLL or not np.isfinite(spread):
-            return np.full(n, -np.inf)
-        stack = np.full((ROLL, n), np.nan)
-        for i, r in enumerate(self._recent):
-            stack[i, : min(n, r.size)] = r[:n]
-        have = np.isfinite(stack).sum(axis=0)  # frames where the rank was judged (not held
-        mean = quiet_nan(np.nanmean, stack, axis=0)  # up by a pipeline neighbour, present)
-        z = mean / (spread / np.sqrt(np.maximum(have, 1)))
-        return np.where(np.isfinite(mean) & (have >= ROLL - 2), z, -np.inf)
 
     def _z(self, ratio: np.ndarray) -> np.ndarray:
         """(ratio - median) / robust spread across ranks; +inf (no noise gate) below 8 ranks."""
@@ -246,12 +226,8 @@ class PeerLatenessDetector:
                 else np.nan
             )
             compute = np.maximum(frame.step_time - frame.comm_time, 0.0)
-            # Where a rank's time inside communication all but fills its step, its compute is
-            # a small difference of two large numbers, and with overlapped calls (FSDP's
-            # prefetched all-gathers, DTensor's and DDP's asynchronous collectives) their sum
-            # is not time blocked: unknown, not near zero (a healthy FSDP2 x TP x PP rank read
-            # 0.08 ms of compute in a 250 ms step, then 14 ms: "16508% slower")
-            compute[frame.comm_time >= UNOBSERVABLE * frame.step_time] = np.nan
+            # where communication all but fills a step, compute is unknown (detectors/blind.py)
+            compute[unobservable(frame.step_time, frame.comm_time)] = np.nan
             reported = reported_work(frame)
             if reported is not None:
                 compute = compute / reported
@@ -274,17 +250,10 @@ class PeerLatenessDetector:
         typical = np.nanmedian(own_late) if np.isfinite(own_late).any() else 0.0
         # Noise-relative: how far above typical is the rank, in robust spreads of this frame's
         # ratios? Jobs whose per-step work varies (random sequence lengths) need more to convince.
-        # Few ranks, or compute unknown for most (a second signal missing): noise comes from
-        # the pooled history. An FSDP2 x TP x PP job on shared cores, 8 ranks, whose compute
-        # is unobservable, had its ranks take turns being 6-20% late: 8 false slow GPUs in 200
-        # healthy steps when judged frame by frame across its ranks.
+        # Few ranks, or compute unknown for most (detectors/blind.py): noise comes from the
+        # pooled history
         n_present = int(present.sum())
-        if n_present:  # the share of ranks whose compute is known: the mean of the first 50
-            self._frames += 1  # frames, then smoothed over about as many
-            seen = float(np.isfinite(ratio[present]).sum()) / n_present
-            pull = max(OBSERVABLE_PULL, 1.0 / self._frames)
-            self.observable += pull * (seen - self.observable)
-        blind = self.observable < 0.5
+        blind = self.observability.update(np.isfinite(ratio[present]))
         small = n_present < self.small or blind
         small_noise = float("nan")
         if small:
@@ -293,22 +262,13 @@ class PeerLatenessDetector:
             z_late, late_noise = self._z_small(self._late_pool, excess)
             if blind:
                 small_noise = late_noise
-                # lateness is the only signal: a rank late by a little in every recent frame
-                # stands out of the noise as one late by a lot in one (the mean of the last
-                # ROLL frames, whose noise is the pooled spread / sqrt(ROLL))
-                z_late = np.fmax(z_late, self._z_rolling(excess, late_noise))
+                z_late = np.fmax(z_late, self.rolling.z(excess, late_noise))
         else:
             z = self._z(ratio)
             z_late = np.full(ratio.shape, np.inf)
         ratio_ok = np.isnan(ratio) | ((ratio >= self.compute_ratio) & (z >= self.z_suspect))
-        if blind:
-            # no compute to corroborate: the straggler is the rank that waits *least* inside
-            # communication (C4's syndrome), while both ends of a slow link wait longer
-            # than their peers (a throttled NIC read as a slow GPU in the lab's FSDP2 x TP x PP
-            # job when lateness alone decided)
-            # (and the few compute ratios known are no evidence either way)
-            waits_least = np.nan_to_num(peer_ratio(frame.comm_time, groups) <= 1.0, nan=1)
-            ratio_ok = waits_least.astype(bool)
+        if blind:  # no compute to corroborate: the straggler waits least (detectors/blind.py)
+            ratio_ok = waits_least(peer_ratio(frame.comm_time, groups))
         relaxed_ratio = 1.0 + (self.compute_ratio - 1.0) * self.relax
         with np.errstate(invalid="ignore"):
             suspect = (
