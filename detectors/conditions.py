@@ -189,7 +189,11 @@ class Conditions:
             # rank crosses: the link explains it (detectors/blind.py)
             suspect &= ~on_slow_nic(host, links.host_slow_fraction)
         # a small job on shared CPUs needs more evidence (DEFAULTS.noisy_small_evidence)
-        evidence = DEFAULTS.noisy_small_evidence if s.shaky else None
+        evidence = (
+            (DEFAULTS.noisy_blind_evidence if s.blind else DEFAULTS.noisy_small_evidence)
+            if s.shaky
+            else None
+        )
         trans = self.gpus.update(suspect, v.elevated, np.isfinite(s.late), v.strong,
                                  evidence=evidence)  # fmt: skip
         hist.learn_own_ratio(s.compute_ratio, v.learn)
@@ -275,16 +279,19 @@ class Conditions:
         assert shape is not None
         kind = IncidentKind.SLOW_LINK
         busy = self.compute_hosts(s)
-        # an open slow NIC explains every slow link of its host: no second incident for them
-        nics = {
-            h for (k, subj), info in self.opened.items()
-            if k == kind and subj.kind == SubjectKind.HOST for h in info.hosts
-        }  # fmt: skip
+        # an open slow NIC explains every slow link of its host, and an open slow cable the
+        # NIC of either end (its probes tell which): no second incident for one fault (a
+        # throttled NIC opened a cable and then the NIC in the lab's FSDP2 x TP x PP job)
+        nics, cabled = set(), set()
+        for (k, subj), info in self.opened.items():
+            if k == kind:
+                (nics if subj.kind == SubjectKind.HOST else cabled).update(info.hosts)
         suspects = {
             k
             for k, (hosts, _, edges) in links.suspects.items()
             if not explained(busy, hosts, edges)
             and not (k.kind == SubjectKind.LINK and nics.intersection(hosts))
+            and not (k.kind == SubjectKind.HOST and cabled.intersection(hosts))
         }
         # keep an open link subject "elevated" while any of its comms stays below the relaxed
         # ratio

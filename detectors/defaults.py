@@ -34,6 +34,7 @@ class Defaults:
     # ... and a job whose compute is unobservable (lateness its only signal): noisy when its
     # ranks' lateness, pooled over recent frames, spreads by this share of a step or more
     noisy_blind_spread: float = 0.02
+    noisy_blind_evidence: tuple[int, int] = (15, 11)
     open_after: int = 4  # suspect frames within the window before a condition opens
     resolve_after: int = 8  # consecutive clean frames before a condition resolves
     warmup_frames: int = 5  # frames ignored at job start
