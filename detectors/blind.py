@@ -79,7 +79,7 @@ def waits_least(comm_ratio: np.ndarray) -> np.ndarray:
     """Per rank: does it spend no more time inside communication than its role peers?
     (``comm_ratio``: its time / its peers', NaN where it has none: no evidence against it)."""
     with np.errstate(invalid="ignore"):
-        return np.nan_to_num(comm_ratio <= 1.0, nan=1).astype(bool)
+        return (comm_ratio <= 1.0) | np.isnan(comm_ratio)
 
 
 def on_slow_nic(host: np.ndarray, slow_fraction: np.ndarray) -> np.ndarray:
