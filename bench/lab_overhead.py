@@ -19,7 +19,9 @@ bound is below 1%. ``--arm-b plain`` runs the same with two plain copies: the me
 (an A/A test); ``--arm-b python-hook`` gives copy B only PyTorch's own Python all-reduce comm hook
 (``allreduce_hook``): the cost of any Python DDP comm hook, before anything failslow does.
 Copy B instrumented times DDP below the Python API (the default) or, with
-``--arm-b instrumented-hook``, with a Python comm hook as well (``Instrumentation.ddp_hook``). The SDK runs
+``--arm-b instrumented-hook``, with a Python comm hook as well (``Instrumentation.ddp_hook``).
+``--switch flag`` keeps failslow's kernels registered for both copies (copy A's calls pass
+through them) instead of unregistering them before each of copy A's steps. The SDK runs
 with its defaults and hands its records to a Unix datagram socket, as next to a node agent; the
 benchmark receives and counts them (``--transport spool``: files in a spool folder instead).
 
@@ -144,7 +146,11 @@ def worker(args: argparse.Namespace) -> int:
     inst.register_group(tp_name, "tp", my_tp)
 
     def use(on: bool) -> None:  # failslow's kernels in PyTorch's dispatcher, or not
-        if on != inst.interception.active:
+        if args.switch == "flag":  # registered throughout; copy A's calls pass through them
+            if inst.interception._lib is None:
+                inst.interception.install()
+            inst.interception.active = on
+        elif on != inst.interception.active:
             (inst.interception.install if on else inst.interception.uninstall)()
 
     plain = nn.parallel.DistributedDataParallel(
@@ -268,7 +274,7 @@ def interleaved_mode(args: argparse.Namespace) -> dict:
                 "--tp", str(args.tp), "--steps", str(args.steps), "--master", f"127.0.0.1:{port}",
                 "--out", str(work / f"rank{r}.json"),
                 "--model", str(args.model), "--hidden", str(args.hidden),
-                "--batch", str(args.batch), "--arm-b", args.arm_b,
+                "--batch", str(args.batch), "--arm-b", args.arm_b, "--switch", args.switch,
             ]  # fmt: skip
             if sink is not None:
                 argv += ["--socket", str(work / "agent.sock")]
@@ -395,6 +401,14 @@ def main() -> int:
         default="socket",
         help="how the SDK hands records over: the Unix datagram socket of a node agent "
         "(received and counted here) or files in a spool folder",
+    )
+    ap.add_argument(
+        "--switch",
+        choices=("register", "flag"),
+        default="register",
+        help="interleaved: how copy A goes without failslow: its kernels unregistered from "
+        "the dispatcher before each of its steps (register), or registered throughout and "
+        "passing its calls through untouched (flag: A then pays the pass-through)",
     )
     ap.add_argument(
         "--repeat",

@@ -3,9 +3,9 @@
 Per call: the same 2,000 small all_reduces with and without the instrumentation, CPU time of the
 calling thread per call (the wall time of a gloo all_reduce is dominated by the rendezvous, so
 the difference of CPU time is what the wrapper adds). Per step: a DDP training loop (an MLP,
-several gradient buckets) timed with and without it (DDP's buckets timed below the Python API;
-``instrumented_hook``: with the comm hook ``ddp_hook`` as well), median of 5 alternating runs. Targets
-(issue 5): < 20 µs per collective, < 1% of step time.
+several gradient buckets) timed with and without it (DDP's buckets timed below the Python
+API; ``instrumented_hook``: with the comm hook ``ddp_hook`` as well), median of 5 alternating
+runs. Targets (issue 5): < 20 µs per collective, < 1% of step time.
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ def per_call(inst: Instrumentation | None, calls: int = CALLS) -> float:
 
 def step_loop(inst: Instrumentation | None, steps: int = 40, way: str = "group") -> float:
     """``way``: with ``inst``, ``group`` (DDP as it comes; its group named by
-    Instrumentation.process_group) or ``hook`` (Instrumentation.ddp_hook); without, ``python_hook`` runs PyTorch's own Python
-    all-reduce hook (the cost of any Python comm hook), anything else plain DDP."""
+    Instrumentation.process_group) or ``hook`` (Instrumentation.ddp_hook); without,
+    ``python_hook`` runs PyTorch's own Python all-reduce hook (the cost of any Python comm
+    hook), anything else plain DDP."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.manual_seed(0)

@@ -1,9 +1,10 @@
 """CPU added per ``torch.distributed`` call by agents.torch, without a second rank's noise.
 
 One gloo rank (a real process group of size 1, so the call itself is short and steady), the same
-``dist.all_reduce`` of 16 floats 3,000 times plain and 3,000 times through failslow's dispatcher kernel, alternated 9 times;
-the CPU time of the calling thread per call, minimum over the 9 rounds of each (the minimum is the
-run least disturbed by the machine). Issue 5's target: < 20 µs per collective on CPU.
+``dist.all_reduce`` of 16 floats 3,000 times plain and 3,000 times through failslow's
+dispatcher kernel, alternated 9 times; the CPU time of the calling thread per call, minimum over
+the 9 rounds of each (the minimum is the run least disturbed by the machine). Issue 5's target:
+< 20 µs per collective on CPU.
 ``bench/torch_overhead.py`` measures the same on 2 ranks, where each call waits for the peer and
 the machine's noise is larger.
 
