@@ -24,6 +24,7 @@ DIGEST_CHARS = 16
 
 RANGE_MIN = 4  # progressions this long or longer are written as ranges
 MAX_MEMBERS = 1 << 20
+MAX_RANK = 2**31 - 1  # ranks are int32 everywhere in the contract (records, columns)
 
 
 class BadMembers(ValueError):
@@ -39,6 +40,8 @@ def members(spec: Any) -> tuple[int, ...]:
             raise BadMembers("a range of ranks is {start, stop, step} with integers")
         if start < 0 or step < 1:
             raise BadMembers("a range of ranks needs start >= 0 and step >= 1")
+        if start > MAX_RANK or stop > MAX_RANK + 1:  # len(range) overflows past 2^63
+            raise BadMembers(f"ranks must be at most {MAX_RANK}")
         r = range(start, stop, step)
         if not 0 < len(r) <= MAX_MEMBERS:
             raise BadMembers(f"a range of ranks must have 1 to {MAX_MEMBERS} members")
@@ -47,8 +50,8 @@ def members(spec: Any) -> tuple[int, ...]:
         raise BadMembers("ranks must be a non-empty list or a range")
     if len(spec) > MAX_MEMBERS:
         raise BadMembers(f"a comm has at most {MAX_MEMBERS} members")
-    if not all(type(r) is int and r >= 0 for r in spec):
-        raise BadMembers("ranks must be non-negative integers")
+    if not all(type(r) is int and 0 <= r <= MAX_RANK for r in spec):
+        raise BadMembers(f"ranks must be integers from 0 to {MAX_RANK}")
     if len(set(spec)) != len(spec):
         raise BadMembers("ranks must be distinct")
     return tuple(spec)

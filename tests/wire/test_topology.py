@@ -42,6 +42,10 @@ def test_the_digest_does_not_depend_on_the_form() -> None:
         {"start": 0, "stop": 4.0},
         {"start": 0, "stop": 4, "by": 1},
         {"start": 0, "stop": 1 << 30},
+        {"start": 0, "stop": 2**63, "step": 2**40},  # len(range) overflowed: a 500, not a 422
+        {"start": 2**63 - 8, "stop": 2**64 - 1, "step": 2**62},
+        {"start": 2**31, "stop": 2**31 + 4},
+        [0, 2**31],
     ],
 )
 def test_bad_member_specs(spec: object) -> None:

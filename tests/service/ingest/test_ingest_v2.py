@@ -182,6 +182,16 @@ def test_a_comm_may_be_registered_as_a_range(client: TestClient) -> None:
     assert bad.status_code == 422 and "range" in bad.text
 
 
+@pytest.mark.parametrize("stop", [2**63, 2**64 - 1])
+def test_a_range_past_int64_is_422(client: TestClient, stop: int) -> None:
+    """``len(range)`` of such a range overflows (it was a 500 with a traceback)."""
+    ranks = [{"rank": 0, "gpu": 0, "world_size": 2}]
+    comm = {"comm": "w", "kind": "world", "ranks": {"start": 0, "stop": stop, "step": 2**40}}
+    r = register(client, "h0", ranks, [comm])
+    assert r.status_code == 422, r.text
+    assert "at most" in r.text and r.headers["content-type"].startswith("application/problem")
+
+
 @pytest.mark.both_databases
 def test_registrations_survive_a_restart(settings: Settings) -> None:
     """A restarted service resolves the digests its hosts registered before (no 409 storm):
