@@ -185,8 +185,11 @@ def register(
 class UnknownTopology(LookupError):
     """An envelope names a topology digest its host never registered (or that was forgotten)."""
 
-    def __init__(self, host: str, digest: str) -> None:
-        super().__init__(f"host {host} has no registered topology {digest!r}; register it again")
+    def __init__(self, host: str, digest: str, *, moved: bool = False) -> None:
+        why = " (another host registered some of its ranks since)" if moved else ""
+        super().__init__(
+            f"host {host} has no registered topology {digest!r}{why}; register it again"
+        )
         self.host, self.digest = host, digest
 
 
@@ -207,6 +210,9 @@ def register_topology(
         _remember_forms(state.topology, comms_raw)
         if not stored:
             state.new_registrations.setdefault(host, {})[key] = raw  # for the commit to store
+    else:  # registered before: its ranks are this host's again (they may have moved away)
+        for r in ranks:
+            state.topology.announce_rank(host, r)
     stored_ones = state.stored_registrations.get(host)
     if stored_ones is not None and stored_ones.pop(key, None) is not None and not stored_ones:
         del state.stored_registrations[host]
@@ -221,7 +227,22 @@ def lookup(state: JobState, host: str, digest: str) -> HostTopology:
     """The registration ``digest`` of ``host``: in memory, or stored before a restart (registered
     again now); raises :class:`UnknownTopology`."""
     ht = state.registrations.get(host, {}).get(digest)
-    return ht if ht is not None else _restore(state, host, digest)
+    if ht is None:
+        return _restore(state, host, digest)
+    if _moved_away(state.topology, ht):  # another host registered some of its ranks since
+        del state.registrations[host][digest]
+        raise UnknownTopology(host, digest, moved=True)
+    return ht
+
+
+def _moved_away(topo: Topology, ht: HostTopology) -> bool:
+    """Whether a rank of the registration now lives on another host. Its records would all be
+    rejected (``WRONG_HOST``) while the agent, answered 200, would never register again; a 409
+    has it register again instead, which brings the ranks back (the latest registration wins)."""
+    slots = ht.tables.slots
+    return bool(slots.size) and bool(
+        (topo.slot_host[slots] != topo.host_ids.get(ht.host, -1)).any()
+    )
 
 
 def _restore(state: JobState, host: str, key: str) -> HostTopology:

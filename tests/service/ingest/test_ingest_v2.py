@@ -103,6 +103,33 @@ def test_unknown_topology_is_409_and_registration_is_all_or_nothing(client: Test
     assert client.get("/v1/jobs/j").json()["comms"] == 1  # tp-9 was not registered either
 
 
+def test_a_host_whose_ranks_moved_and_came_back_keeps_its_data(client: TestClient) -> None:
+    """h1 registers ranks 0 and 1, h2 the same ranks (a restart reshuffled hosts), then h1
+    again: its registration is applied again (the ranks are h1's), not merely answered 200."""
+    h0, _ = two_hosts()
+    d1 = register(client, "h1", h0["ranks"], h0["comms"]).json()["digest"]
+    d2 = register(client, "h2", h0["ranks"], h0["comms"]).json()["digest"]
+    cols = {"rank": [0, 1], "seq": [0, 0], "start_ns": [T0, T0], "end_ns": [T0 + MS] * 2}
+
+    def send(host: str, digest: str, seq: int) -> Any:
+        c = {**cols, "seq": [seq, seq]}
+        return client.post("/v2/ingest", content=envelope(digest, c, seq=seq, host=host),
+                           headers=HEADERS)  # fmt: skip
+
+    assert send("h2", d2, 0).json()["accepted"] == 2
+    # h1 sends under its old digest: a 409 that makes its agent register again, not a 200
+    # whose every record is rejected "rank now lives on another host"
+    stale = send("h1", d1, 1)
+    assert stale.status_code == 409 and "another host" in stale.text
+    again = register(client, "h1", h0["ranks"], h0["comms"])
+    assert again.status_code == 200 and again.json()["digest"] == d1
+    back = send("h1", d1, 2)
+    assert back.status_code == 200 and back.json() == {"accepted": 2, "duplicates": 0,
+                                                       "rejected": []}  # fmt: skip
+    assert send("h2", d2, 3).status_code == 409  # now h2's registration is the stale one
+    assert client.get("/v1/jobs/j").json()["ingest"]["h1"]["accepted"] == 2
+
+
 @pytest.mark.parametrize(
     "body,headers,status",
     [
