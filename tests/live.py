@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import random
-import socket
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,34 +13,9 @@ import uvicorn
 
 from failslow.service.app import create_app
 from failslow.service.settings import Settings
+from tests.ports import free_port
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def rendezvous_port() -> int:
-    """A free port below the kernel's ephemeral range, for a server that clients may try before
-    it listens (a gloo job's TCPStore on rank 0). A port from :func:`free_port` lies inside that
-    range: a client retrying it while nothing listens can be given that very port as its own
-    source port and connect to itself (TCP simultaneous open), then wait forever for an answer
-    from itself."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    candidates = list(range(max(1024, low - 12_000), low))
-    random.shuffle(candidates)
-    for port in candidates[:200]:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port below the ephemeral range")
+__all__ = ["free_port", "live_app", "live_service"]
 
 
 @contextmanager

@@ -24,10 +24,10 @@ AS_BACKEND = {"reducescatter": "allreduce"}
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    from tests.live import rendezvous_port
+    from tests.live import free_port
 
     tmp = tmp_path_factory.mktemp("paths")
-    port = rendezvous_port()
+    port = free_port()
     ctx = mp.get_context("spawn")
     names = list(torch_paths.SCENARIOS)
     procs = [
@@ -151,9 +151,9 @@ def _identity_worker(rank: int, port: int, out: str) -> None:
 
 @pytest.mark.e2e
 def test_nothing_of_torch_distributed_is_replaced(tmp_path: Path) -> None:
-    from tests.live import rendezvous_port
+    from tests.live import free_port
 
-    port = rendezvous_port()
+    port = free_port()
     ctx = mp.get_context("spawn")
     procs = [
         ctx.Process(target=_identity_worker, args=(r, port, str(tmp_path / f"{r}.json")))

@@ -231,9 +231,9 @@ def test_three_ranks_train_bit_identically(tmp_path: Path) -> None:
     """A data-parallel group of 3, both ways of timing DDP: scaling by 1/3 and dividing by 3
     round differently (PyTorch's own allreduce_hook divides, and its losses differ from plain
     DDP's in the 7th digit)."""
-    from tests.live import rendezvous_port
+    from tests.live import free_port
 
-    port, world = rendezvous_port(), 3
+    port, world = free_port(), 3
     ctx = mp.get_context("spawn")
     procs = [
         ctx.Process(

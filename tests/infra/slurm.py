@@ -14,6 +14,8 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.ports import free_port
+
 BINARIES = ("munged", "slurmctld", "slurmd", "scontrol", "sbatch")
 
 
@@ -28,12 +30,6 @@ def unavailable() -> str | None:
     if os.geteuid() != 0:
         return "the private Slurm cluster runs its daemons as root"
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -73,7 +69,7 @@ def cluster(root: Path) -> Iterator[Cluster]:
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
     node = socket.gethostname().split(".")[0]
-    ctl_port, d_port = _free_port(), _free_port()
+    ctl_port, d_port = free_port(), free_port()
     conf = root / "slurm.conf"
     conf.write_text(
         f"""ClusterName=failslowtest

@@ -18,13 +18,13 @@ pytest.importorskip("torch", reason="PyTorch not installed (optional extra fails
 
 from failslow.agents import wire  # noqa: E402
 from failslow.harness.lab.train import groups  # noqa: E402
-from tests.live import rendezvous_port  # noqa: E402
+from tests.live import free_port  # noqa: E402
 
 STEPS = 6
 
 
 def _run(tmp: Path, tag: str, instrument: bool, layout: tuple[str, ...] = ()) -> list[list[float]]:
-    port = rendezvous_port()
+    port = free_port()
     procs = []
     for r in range(4):
         argv = [
