@@ -10,6 +10,7 @@ keeps its last few registrations, so envelopes sealed before a change still reso
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,7 @@ import orjson
 
 from failslow.service.stream.parse import parse_comm, parse_rank
 from failslow.service.stream.records import CommAnnouncement, RankAnnouncement, RecordError
+from failslow.service.stream.settings import Limits
 from failslow.service.stream.topology import Topology
 from failslow.service.stream.v2check import HostTables
 from failslow.wire.topology import canonical_bytes, digest_of
@@ -56,9 +58,14 @@ class HostTopology:
 
 
 def check_registration(
-    topo: Topology, ranks_raw: list[Any], comms_raw: list[Any]
+    topo: Topology,
+    ranks_raw: list[Any],
+    comms_raw: list[Any],
+    limits: Callable[[int], Limits] | None = None,
 ) -> tuple[list[RankAnnouncement], list[CommAnnouncement]]:
-    """Parse and check a registration against the job without changing anything."""
+    """Parse and check a registration against the job without changing anything. ``limits``:
+    the job's bounds once it has this many more ranks (the registration's own new ranks count,
+    its declared world size does not); None: the topology's bounds as they are."""
     errors: list[dict[str, str]] = []
     ranks: list[RankAnnouncement] = []
     comms: list[CommAnnouncement] = []
@@ -67,6 +74,10 @@ def check_registration(
             ranks.append(parse_rank(raw))
         except RecordError as exc:
             errors.append({"loc": f"ranks[{i}]", "msg": str(exc)})
+            continue
+        if (ranks[-1].world_size or 0) > topo.max_ranks:
+            msg = f"world_size exceeds this service's {topo.max_ranks} ranks"
+            errors.append({"loc": f"ranks[{i}]", "msg": msg})
     if len({r.rank for r in ranks}) != len(ranks):
         errors.append({"loc": "ranks", "msg": "ranks must be distinct"})
     names: set[str] = set()
@@ -90,18 +101,21 @@ def check_registration(
         names.add(ann.comm)
         comms.append(ann)
     new = [c for c in comms if c.comm not in topo.comms]
-    if len(topo.comms) + len(new) > topo.max_comms:
-        errors.append({"loc": "comms", "msg": f"job exceeds {topo.max_comms} comms"})
-    adding = sum(len(c.ranks) for c in new)
-    if topo.comm_members + adding > topo.max_comm_members:
-        errors.append(
-            {"loc": "comms", "msg": f"job exceeds {topo.max_comm_members} communicator members"}
-        )
-    elif topo.budget is not None and not topo.budget.fits(adding):
-        errors.append({"loc": "comms", "msg": topo.budget.refusal(adding)})
     # members of known comms are ranks of the job already: only new comms can add ranks
     members = {r for c in new for r in c.ranks} | {r.rank for r in ranks}
-    if len(topo.ranks) + sum(1 for r in members if r not in topo.ranks) > topo.max_ranks:
+    new_ranks = sum(1 for r in members if r not in topo.ranks)
+    max_comms, max_members = topo.max_comms, topo.max_comm_members
+    if limits is not None:
+        lim = limits(new_ranks)
+        max_comms, max_members = max(max_comms, lim.comms), max(max_members, lim.comm_members)
+    if len(topo.comms) + len(new) > max_comms:
+        errors.append({"loc": "comms", "msg": f"job exceeds {max_comms} comms"})
+    adding = sum(len(c.ranks) for c in new)
+    if topo.comm_members + adding > max_members:
+        errors.append({"loc": "comms", "msg": f"job exceeds {max_members} communicator members"})
+    elif topo.budget is not None and not topo.budget.fits(adding):
+        errors.append({"loc": "comms", "msg": topo.budget.refusal(adding)})
+    if len(topo.ranks) + new_ranks > topo.max_ranks:
         errors.append({"loc": "ranks", "msg": f"job exceeds {topo.max_ranks} ranks"})
     if errors:
         raise RegistrationError(errors)
@@ -198,15 +212,19 @@ def register_topology(
 ) -> HostTopology:
     """Check and apply a host's registration (all or nothing); raises RegistrationError.
     ``stored``: it comes from the database (nothing new to store)."""
-    declared = [r.get("world_size") for r in ranks_raw if isinstance(r, dict)]
-    state.scale_limits(max((w for w in declared if isinstance(w, int)), default=None))
-    ranks, comms = check_registration(state.topology, ranks_raw, comms_raw)
+    topo = state.topology
+    ranks, comms = check_registration(
+        topo, ranks_raw, comms_raw,
+        limits=lambda adding: Limits.shown(state.settings, topo.n_slots + adding),
+    )  # fmt: skip
     raw = canonical_bytes(ranks_raw, comms_raw)  # of the form the host sent (checked above)
     key = digest_of(raw)
     kept = state.registrations.setdefault(host, OrderedDict())
     ht = kept.get(key)
     if ht is None:
-        ht = register(state.topology, host, key, ranks, comms)
+        members = {r for c in comms if c.comm not in topo.comms for r in c.ranks}
+        state.scale_limits(len((members | {r.rank for r in ranks}) - topo.ranks.keys()))
+        ht = register(topo, host, key, ranks, comms)
         _remember_forms(state.topology, comms_raw)
         if not stored:
             state.new_registrations.setdefault(host, {})[key] = raw  # for the commit to store

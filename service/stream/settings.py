@@ -119,6 +119,11 @@ class Limits:
     done: int
 
     @staticmethod
+    def shown(settings: StateSettings, ranks: int) -> Limits:
+        """The bounds of a job that has shown ``ranks`` ranks (at most ``max_ranks`` count)."""
+        return Limits.of(settings, min(ranks, settings.max_ranks) or None)
+
+    @staticmethod
     def of(settings: StateSettings, world: int | None) -> Limits:
         w = world or 0
         return Limits(

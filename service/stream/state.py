@@ -172,10 +172,13 @@ class JobState:
     def watermark_ns(self, value: int) -> None:  # restored from the database after a restart
         self.clock.restore(value)
 
-    def scale_limits(self, world: int | None = None) -> None:
-        """Bounds from the declared world size (``world``, or the topology's); a job that
-        reaches ``shard_min_ranks`` is split over its shard processes."""
-        world = max(world or 0, self.topology.world_size or 0) or None
+    def scale_limits(self, adding: int = 0) -> None:
+        """Bounds from the ranks the job has shown (announced, registered, comm members), never
+        from the ``world_size`` it declares (a one-rank registration declaring 2^31-1 ranks
+        would scale every bound with it); capped by ``max_ranks``. A job that reaches
+        ``shard_min_ranks`` ranks is split over its shard processes. ``adding``: ranks about to
+        be registered (checked already) count."""
+        world = min(self.topology.n_slots + adding, self.settings.max_ranks) or None
         if world != self._limits_world:
             self._limits_world = world
             self.limits = lim = Limits.of(self.settings, world)

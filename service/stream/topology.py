@@ -163,6 +163,10 @@ class Topology:
         return len(self.comm_list)
 
     def announce_rank(self, host: str, ann: RankAnnouncement) -> None:
+        if ann.world_size is not None and ann.world_size > self.max_ranks:
+            raise RecordError(
+                Reject.LIMIT, f"world_size exceeds this service's {self.max_ranks} ranks"
+            )
         info = self.ranks.get(ann.rank) or self._new_rank(ann.rank)
         changed = False
         if info.host != host:

@@ -26,7 +26,7 @@ def apply_v1(state: JobState, env: Envelope) -> ApplyResult:
             topo.announce_rank(env.host, parse_rank(raw))
         except RecordError as exc:
             result.reject(f"ranks[{i}]", exc)
-    state.scale_limits()  # from the world size just announced
+    state.scale_limits()  # from the ranks just announced (never their declared world size)
     for i, raw in enumerate(env.comms):
         try:
             topo.announce_comm(parse_comm(raw))

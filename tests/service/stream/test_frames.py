@@ -161,7 +161,7 @@ def test_ranks_without_step_records_use_the_job_interval() -> None:
     assert np.isnan(frames[1].step_time[1:]).all()
 
 
-def test_limits_grow_with_the_declared_world_size() -> None:
+def test_limits_grow_with_the_ranks_shown_not_the_world_declared() -> None:
     from failslow.service.stream.settings import Limits
 
     s = StateSettings(max_comms=10, comms_per_rank=2, max_comm_members=100, members_per_rank=8)
@@ -172,8 +172,11 @@ def test_limits_grow_with_the_declared_world_size() -> None:
     small = state.apply(parse_envelope(envelope(ranks=ranks, comms=comms)))
     assert [r["index"] for r in small.rejected] == ["comms[10]", "comms[11]"]  # the floor: 10
     big = [{"rank": 0, "gpu": 0, "world_size": 64}, {"rank": 1, "gpu": 1, "world_size": 64}]
-    grown = state.apply(parse_envelope(envelope(ranks=big, comms=comms, sent_ns=T0 + MS)))
+    declared = state.apply(parse_envelope(envelope(ranks=big, comms=comms, sent_ns=T0 + MS)))
+    assert [r["index"] for r in declared.rejected] == ["comms[10]", "comms[11]"]  # 2 ranks shown
+    shown = [{"rank": r, "gpu": r % 8, "world_size": 64} for r in range(64)]
+    grown = state.apply(parse_envelope(envelope(ranks=shown, comms=comms, sent_ns=T0 + 2 * MS)))
     assert grown.rejected == [] and len(state.topology.comms) == 12  # 2 x 64 now
     huge = {"comm": "all", "kind": "world", "ranks": list(range(600))}  # > 8 x 64 members
-    r = state.apply(parse_envelope(envelope(comms=[huge], sent_ns=T0 + 2 * MS)))
+    r = state.apply(parse_envelope(envelope(comms=[huge], sent_ns=T0 + 3 * MS)))
     assert "communicator members" in r.rejected[0]["reason"]
