@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import zlib
 from typing import Any
 
 import httpx
@@ -30,6 +29,7 @@ from failslow.relay.batcher import (
     problem,
 )
 from failslow.wire import v2
+from failslow.wire.body import BodyProblem, BoundedBody, check_headers, media_type
 
 log = logging.getLogger(__name__)
 
@@ -37,42 +37,16 @@ Scope = dict[str, Any]
 _FORWARDED = (b"authorization", b"content-type", b"content-encoding", b"accept", b"user-agent")
 
 
-class TooLarge(Exception):
-    pass
-
-
-class BadBody(Exception):
-    pass
-
-
-async def read_body(receive: Any, limit: int, gzipped: bool) -> bytes | None:
-    """The request's body, gzip undone when ``gzipped`` (``None``: the client went away);
-    raises :class:`TooLarge` past ``limit`` bytes (after decompression), :class:`BadBody` for
-    bad gzip."""
-    out = bytearray()
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS) if gzipped else None
-    received = 0
+async def read_body(receive: Any, reader: BoundedBody) -> bytes | None:
+    """The request's body through ``reader`` (the service's own checks, failslow.wire.body):
+    ``None`` when the client went away; raises :class:`~failslow.wire.body.BodyProblem`."""
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             return None
-        chunk = message.get("body", b"")
-        received += len(chunk)
-        if received > limit:
-            raise TooLarge
-        if inflater is None:
-            out += chunk
-        else:
-            try:
-                out += inflater.decompress(chunk, limit + 1 - len(out))
-            except zlib.error as exc:
-                raise BadBody(f"bad gzip data: {exc}") from None
-            if len(out) > limit or inflater.unconsumed_tail:
-                raise TooLarge
+        reader.feed(message.get("body", b""))
         if not message.get("more_body", False):
-            if inflater is not None and not inflater.eof:
-                raise BadBody("bad gzip data: truncated")
-            return bytes(out)
+            return reader.finish()
 
 
 class Metrics:
@@ -175,26 +149,26 @@ class RelayApp:
         assert self.batcher is not None
         c = self.batcher.counters
         return {"upstream": self.settings.upstream, "bundles": c.bundles, "splits": c.splits,
+                "alone": c.alone,
                 "bodies": {o.value: n for o, n in c.bodies.items()},
                 "queued_bytes": c.queued_bytes, "in_flight": c.in_flight}  # fmt: skip
 
     async def _ingest(self, scope: Scope, receive: Any) -> Answer | None:
+        """An agent's v2 body, checked as the service checks it (failslow.wire.body: the same
+        statuses, problem types and details), then bundled."""
         assert self.batcher is not None
         s = self.settings
         headers = dict(scope["headers"])
-        media = headers.get(b"content-type", b"").split(b";")[0].strip().decode("latin-1")
-        encoding = headers.get(b"content-encoding", b"identity").strip().lower()
-        if media != v2.MEDIA_TYPE or encoding not in (b"identity", b"gzip"):
-            return problem(415, "unsupported-media-type", "Unsupported media type",
-                           f"POST /v2/ingest takes {v2.MEDIA_TYPE}, identity or gzip", None,
-                           Outcome.REFUSED)  # fmt: skip
         try:
-            body = await read_body(receive, s.max_body_bytes, encoding == b"gzip")
-        except TooLarge:
-            return _too_large(s)
-        except BadBody as exc:
-            return problem(400, "invalid-envelope", "Invalid envelope", str(exc), None,
-                           Outcome.REFUSED)  # fmt: skip
+            encoding = check_headers(
+                media_type(headers.get(b"content-type", b"").decode("latin-1")),
+                headers.get(b"content-encoding", b"identity").decode("latin-1"),
+                _header(headers, b"content-length"),
+                media_types=(v2.MEDIA_TYPE,), max_bytes=s.max_body_bytes,
+            )  # fmt: skip
+            body = await read_body(receive, BoundedBody(encoding, s.max_body_bytes))
+        except BodyProblem as exc:
+            return problem(exc.status, exc.slug, exc.title, str(exc), None, Outcome.REFUSED)
         if body is None:
             return None
         authorization = headers.get(b"authorization", b"").decode("latin-1")
@@ -203,10 +177,10 @@ class RelayApp:
     async def _proxy(self, scope: Scope, receive: Any) -> Answer | None:
         assert self.client is not None
         s = self.settings
-        try:
-            body = await read_body(receive, s.max_body_bytes, gzipped=False)
-        except TooLarge:
-            return _too_large(s)
+        try:  # passed on as it came (the service decompresses and checks it)
+            body = await read_body(receive, BoundedBody("identity", s.max_body_bytes))
+        except BodyProblem as exc:
+            return problem(exc.status, exc.slug, exc.title, str(exc), None, Outcome.REFUSED)
         if body is None:
             return None
         url = s.upstream.rstrip("/") + scope["path"]
@@ -225,10 +199,9 @@ class RelayApp:
         return passed_on(resp, "application/octet-stream", Outcome.ACCEPTED)
 
 
-def _too_large(s: RelaySettings) -> Answer:
-    return problem(413, "payload-too-large", "Payload too large",
-                   f"body exceeds the limit of {s.max_body_bytes} bytes", None,
-                   Outcome.REFUSED)  # fmt: skip
+def _header(headers: dict[bytes, bytes], name: bytes) -> str | None:
+    value = headers.get(name)
+    return None if value is None else value.decode("latin-1")
 
 
 async def _respond(send: Any, answer: Answer) -> None:

@@ -6,9 +6,10 @@ The service's answer lists one item per body, in order (docs/ingest-v2.md, secti
 waiting agent is answered with its own item as the service would have answered it alone: its
 IngestResult (200), or its problem with the status, Retry-After included. A failure of the whole
 bundle becomes each body's answer: 401/403/429/503 as the service gave them; 413 splits the
-bundle in halves and sends each again; the service unreachable, or any other answer, is a
-``503``/``502`` with Retry-After, which agents retry (they keep their batches, and the service
-recognises a re-sent batch by its agent and batch_seq: nothing is lost or counted twice).
+bundle in halves and sends each again (a body alone goes as ``POST /v2/ingest``); the service
+unreachable, or any other answer, is a ``503``/``502`` with Retry-After, which agents retry
+(they keep their batches, and the service recognises a re-sent batch by its agent and
+batch_seq: nothing is lost or counted twice).
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ class Counters:
     bodies: dict[Outcome, int] = field(default_factory=lambda: dict.fromkeys(Outcome, 0))
     bundles: int = 0
     splits: int = 0  # bundles the service found too large, sent again in halves
+    alone: int = 0  # bodies too large for a bundle of one, sent as POST /v2/ingest
     queued_bytes: int = 0
     in_flight: int = 0
 
@@ -209,13 +211,33 @@ class Batcher:
                 self._post(authorization, bodies[:half]), self._post(authorization, bodies[half:])
             )
             return first + second
-        if status in (401, 403, 413, 429, 503):  # about every body alike: answered as given
+        if status == 413:  # one body that fits the service's limit alone, not with the framing
+            return [await self._post_alone(authorization, bodies[0])]
+        if status in (401, 403, 429, 503):  # about every body alike: answered as given
             return [passed_on(resp, PROBLEM, Outcome.REFUSED)] * len(bodies)
         log.error("the service answered a bundle with %d: %r", status, resp.content[:300])
         bad = problem(502, "bad-gateway", "Bad gateway",
                       f"the service answered the relay's bundle with {status}",
                       s.retry_after_s, Outcome.BAD_UPSTREAM)  # fmt: skip
         return [bad] * len(bodies)
+
+
+    async def _post_alone(self, authorization: str, body: bytes) -> Answer:
+        """One body as ``POST /v2/ingest``: a body of exactly the service's limit is a bundle
+        12 bytes over it (issue 31: the relay answered 413 where the service answers 200, and
+        agents drop a body answered 413). Its answer is the service's, as it came."""
+        headers = {"Content-Type": v2.MEDIA_TYPE}
+        if authorization:
+            headers["Authorization"] = authorization
+        url = self.settings.upstream.rstrip("/") + "/v2/ingest"
+        try:
+            resp = await self.client.post(url, content=body, headers=headers)
+        except httpx.HTTPError as exc:
+            return _unreachable(self.settings, f"the service did not answer: {type(exc).__name__}")
+        self.counters.alone += 1
+        if resp.status_code == 200:
+            return Answer(200, resp.content)
+        return passed_on(resp, PROBLEM, Outcome.REFUSED)
 
 
 def passed_on(resp: httpx.Response, content_type: str, outcome: Outcome) -> Answer:

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
-import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import orjson
 from starlette.requests import Request
 
-from failslow.service.errors import InvalidEnvelope, PayloadTooLarge, UnsupportedMediaType
+from failslow.service.errors import (
+    FailslowError,
+    InvalidEnvelope,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+)
+from failslow.wire import body as wire_body
+from failslow.wire.body import media_type
+
+__all__ = ["BoundedBody", "check_headers", "media_type", "read_body", "read_json"]
 
 CHUNK = 64 * 1024
 
@@ -17,77 +27,43 @@ def _media_type(request: Request) -> str:
     return media_type(request.headers.get("content-type", ""))
 
 
-def media_type(content_type: str) -> str:
-    return content_type.split(";", 1)[0].strip().lower()
+# the body's checks are the wire's, shared with the relay (failslow.wire.body); here their
+# refusals become the service's problems (the same status, type, title and detail)
+_PROBLEMS: dict[type[wire_body.BodyProblem], type[FailslowError]] = {
+    wire_body.BadBody: InvalidEnvelope,
+    wire_body.TooLarge: PayloadTooLarge,
+    wire_body.BadMediaType: UnsupportedMediaType,
+}
+
+
+@contextmanager
+def _as_problems() -> Iterator[None]:
+    try:
+        yield
+    except wire_body.BodyProblem as exc:
+        raise _PROBLEMS[type(exc)](str(exc)) from None
 
 
 def check_headers(
     media: str, encoding: str, declared: str | None, *, media_types: tuple[str, ...],
     max_bytes: int,
 ) -> str:  # fmt: skip
-    """The body's encoding (``identity`` or ``gzip``) from its headers; raise 4xx problems for
-    a media type not in ``media_types``, another encoding, or a declared length over the
-    limit."""
-    if media not in media_types:
-        wanted = " or ".join(media_types)
-        raise UnsupportedMediaType(f"expected {wanted}, got {media or 'no content type'!r}")
-    encoding = encoding.strip().lower() or "identity"
-    if encoding not in ("identity", "gzip"):
-        raise UnsupportedMediaType(f"unsupported content-encoding {encoding!r} (use gzip or none)")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise PayloadTooLarge(f"body of {declared} bytes exceeds the limit of {max_bytes}")
-    return encoding
+    """:func:`failslow.wire.body.check_headers`, raising the service's problems."""
+    with _as_problems():
+        return wire_body.check_headers(media, encoding, declared, media_types=media_types,
+                                  max_bytes=max_bytes)  # fmt: skip
 
 
-class BoundedBody:
-    """A body read chunk by chunk, within ``max_bytes`` on the wire and after decompression:
-    decompression is incremental and stops as soon as the output would pass the limit, so a
-    gzip bomb costs at most ``max_bytes`` of memory."""
-
-    def __init__(self, encoding: str, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        gzip = encoding == "gzip"
-        self.inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS) if gzip else None
-        self.out = bytearray()
-        self.received = 0
+class BoundedBody(wire_body.BoundedBody):
+    """:class:`failslow.wire.body.BoundedBody`, raising the service's problems."""
 
     def feed(self, chunk: bytes) -> None:
-        max_bytes, out = self.max_bytes, self.out
-        self.received += len(chunk)
-        if self.received > max_bytes:
-            raise PayloadTooLarge(f"body exceeds the limit of {max_bytes} bytes")
-        inflater = self.inflater
-        if inflater is None:
-            out += chunk
-            return
-        try:
-            out += inflater.decompress(chunk, max_bytes + 1 - len(out))
-            while inflater.unconsumed_tail and len(out) <= max_bytes:
-                out += inflater.decompress(inflater.unconsumed_tail, max_bytes + 1 - len(out))
-        except zlib.error as exc:
-            raise InvalidEnvelope(f"bad gzip data: {exc}") from None
-        if len(out) > max_bytes or inflater.unconsumed_tail:
-            raise PayloadTooLarge(f"decompressed body exceeds the limit of {max_bytes} bytes")
+        with _as_problems():
+            super().feed(chunk)
 
     def finish(self) -> bytes:
-        inflater, out = self.inflater, self.out
-        if inflater is not None:
-            try:
-                out += inflater.flush()
-            except zlib.error as exc:
-                raise InvalidEnvelope(f"bad gzip data: {exc}") from None
-            if not inflater.eof:
-                raise InvalidEnvelope("bad gzip data: truncated stream")
-            if inflater.unused_data:  # garbage, or a second gzip member: never ignored in silence
-                raise InvalidEnvelope(
-                    f"bad gzip data: {len(inflater.unused_data)} bytes after the end of the gzip "
-                    "stream (send one gzip member per body)"
-                )
-            if len(out) > self.max_bytes:
-                raise PayloadTooLarge(
-                    f"decompressed body exceeds the limit of {self.max_bytes} bytes"
-                )
-        return bytes(out)
+        with _as_problems():
+            return super().finish()
 
 
 async def read_body(
