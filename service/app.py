@@ -18,6 +18,7 @@ from failslow.service import __version__
 from failslow.service.actions import service as actions_db
 from failslow.service.actions.router import router as actions_router
 from failslow.service.actions.scheduler import Mitigation
+from failslow.service.auth import tenant_of
 from failslow.service.bus.client import Bus
 from failslow.service.context import AppContext
 from failslow.service.db import make_engine, make_sessionmaker, session_scope, upgrade
@@ -153,6 +154,7 @@ def build_context(settings: Settings) -> AppContext:
             log.error("failslow cannot start: %s", exc)
             engine.dispose()
             raise
+        lease.guard()  # every writing transaction checks it still holds the lease (fencing)
     metrics = Metrics()
     snapshots: LocalSnapshots | None = None  # without a bus: detector state survives restarts
 
@@ -161,7 +163,9 @@ def build_context(settings: Settings) -> AppContext:
             state = snapshots.load(session, job) if snapshots is not None else None
             return state or jobs_db.load_job(session, job=job, settings=settings.state)
 
-    jobs = JobRegistry(settings=settings.state, load=load)
+    jobs = JobRegistry(
+        settings=settings.state, load=load, tenant_of=lambda job: tenant_of(settings.auth, job)
+    )
     detection = DetectionEngine(
         settings=settings.detection,
         sessions=sessions,
@@ -192,6 +196,8 @@ def build_context(settings: Settings) -> AppContext:
         sessions, settings.ingest.commit_interval_s, lease, snapshots,
         refused=metrics.refused_row, busy_interval_s=settings.ingest.commit_interval_busy_s,
     )  # fmt: skip
+    if snapshots is not None:  # a job leaves memory only with its snapshot (stream/registry.py)
+        jobs.save = committer.save
     ctx = AppContext(
         settings, engine, sessions, metrics, jobs, detection, mitigation, probes, committer, lease
     )

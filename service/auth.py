@@ -189,6 +189,17 @@ def allow(scope: list[str] | None, job: str) -> None:
         raise OutOfScope(f"this token may not act for job {job!r}")
 
 
+def tenant_of(auth: AuthSettings, job: str) -> str | None:
+    """The tenant ``job`` belongs to: the patterns of the first scoped ingest token (in the
+    order of their hashes) that may send for it, joined by commas; None when no scope names it.
+    The job registry gives each tenant a share of its bounds (stream/registry.py)."""
+    scopes = auth.effective().ingest_scopes
+    for key in sorted(scopes):
+        if any(fnmatch.fnmatchcase(job, p) for p in scopes[key]):
+            return ",".join(scopes[key])
+    return None
+
+
 def job_scope(request: Request) -> list[str] | None:
     """The job patterns :func:`check` left for the request's token (None: any job)."""
     return request.scope.get("state", {}).get("job_scope")

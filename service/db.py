@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, event, text, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
@@ -54,12 +56,26 @@ def make_engine(url: str) -> Engine:
     return engine
 
 
+def get_for_update(session: Session, model: type[T], key: str) -> T | None:
+    """``session.get(model, key, with_for_update=True)`` that locks on SQLite too. SQLite
+    ignores FOR UPDATE and its driver begins a transaction only at the first write, so two
+    requests could read the same row, and the second's write, once the first had committed,
+    undid the first's (two hosts' hang evidence: one host lost). On SQLite a no-op UPDATE of
+    the row comes first: the write transaction, and the database's one write lock, begin
+    before the read."""
+    if session.get_bind().dialect.name == "sqlite":
+        table = model.__table__  # type: ignore[attr-defined]
+        pk = table.primary_key.columns.values()[0]
+        session.execute(update(table).where(pk == key).values({pk.name: pk}))
+    return session.get(model, key, with_for_update=True)
+
+
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(bind=engine, expire_on_commit=False, future=True)
 
 
 @contextmanager
-def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
+def session_scope(factory: Callable[[], Session]) -> Iterator[Session]:
     """One unit of work: commit on success, roll back on error."""
     session = factory()
     try:

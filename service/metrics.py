@@ -77,6 +77,10 @@ class Metrics:
         self.frames = Counter(
             "failslow_detection_frames_total", "Frames (steps) analysed.", registry=r
         )
+        self.frames_skipped = Counter(
+            "failslow_frames_skipped_total",
+            "Frames never analysed: past detection.max_backlog_rank_frames of one job.", registry=r,
+        )  # fmt: skip
         self.delay = Histogram(
             "failslow_detection_delay_seconds",
             "Event-time delay from onset to detection of opened incidents.",

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from failslow.service.actions.decisions import ActionSpec
 from failslow.service.actions.models import Action, ActionEvent
 from failslow.service.actions.vocab import MEASURED, ActionState, Approval
+from failslow.service.db import get_for_update
 from failslow.service.errors import Conflict
 from failslow.service.ids import new_id
 
@@ -133,7 +134,7 @@ def decide_manually(
     session: Session, *, action_id: str, approve: bool, actor: str, note: str, now_ns: int
 ) -> Action | None:
     """An operator's approval or rejection (409 if the action is no longer proposed)."""
-    row = session.get(Action, action_id, with_for_update=True)
+    row = get_for_update(session, Action, action_id)
     if row is None:
         return None
     to = ActionState.APPROVED if approve else ActionState.REJECTED

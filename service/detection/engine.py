@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from failslow.detectors.findings import Finding
 from failslow.detectors.hang import HangSnapshot
 from failslow.detectors.pipeline import JobPipeline
-from failslow.detectors.types import JobShape
+from failslow.detectors.types import Frame, JobShape
 from failslow.detectors.vocab import IncidentKind, Subject
 from failslow.service.db import session_scope
 from failslow.service.detection.history import HistoryAccumulator
@@ -61,6 +61,7 @@ class JobRuntime:
     open: dict[tuple[IncidentKind, Subject], str] = field(default_factory=dict)
     seeded: bool = False
     shares: list[int] | None = None  # the plan's micro-batch shares the detectors assume
+    backlog: list[Frame] = field(default_factory=list)  # closed, waiting for a pass
 
 
 class DetectionEngine:
@@ -193,7 +194,8 @@ class DetectionEngine:
             rt = self._runtimes.get(state.job)
             waiting = state.waiting()
             hung = rt is not None and HANG_KEY in rt.pipeline.opened
-            if not (state.new_data or waiting or hung):
+            backlog = rt is not None and bool(rt.backlog)
+            if not (state.new_data or waiting or hung or backlog):
                 continue
             try:
                 total += self.run_job(state)
@@ -215,6 +217,7 @@ class DetectionEngine:
                     flush=flush, blocked_before_ns=state.watermark_ns - floor_ns
                 )
                 state.new_data = False
+                closed = self._take(rt, state.job, closed, flush)
                 if rt.shape is None or rt.shape_version != topo.version:
                     rt.shape = job_shape(topo)
                     rt.shape_version = topo.version
@@ -251,6 +254,24 @@ class DetectionEngine:
         self.metrics.detection_seconds.observe(time.perf_counter() - started)
         self.metrics.detection_runs.labels("ok").inc()
         return len(closed)
+
+    def _take(self, rt: JobRuntime, job: str, closed: list[Frame], flush: bool) -> list[Frame]:
+        """This pass's frames: the oldest waiting, at most ``max_frames_per_pass`` (all of them
+        when flushing); the rest wait, within ``max_backlog_rank_frames`` (the oldest skipped)."""
+        s = self.settings
+        frames = rt.backlog + closed if rt.backlog else closed
+        if flush or len(frames) <= s.max_frames_per_pass:
+            rt.backlog = []
+            return frames
+        rt.backlog = frames[s.max_frames_per_pass :]
+        bound = max(s.max_frames_per_pass, s.max_backlog_rank_frames // max(1, frames[-1].n))
+        over = len(rt.backlog) - bound
+        if over > 0:
+            log.warning("job %s: %d frames waiting; skipping the oldest %d", job,
+                        len(rt.backlog), over)  # fmt: skip
+            self.metrics.frames_skipped.inc(over)
+            rt.backlog = rt.backlog[over:]
+        return frames[: s.max_frames_per_pass]
 
     def _hang_snapshot(self, rt: JobRuntime, state: JobState) -> HangSnapshot | None:
         """Collectives blocked for longer than the smallest timeout, under the job lock."""

@@ -9,6 +9,18 @@ from failslow.detectors.defaults import DEFAULTS
 
 class DetectionSettings(BaseModel):
     interval_s: float = Field(default=0.25, gt=0, description="Period of the detection loop.")
+    max_frames_per_pass: int = Field(
+        default=128, gt=0,
+        description="Frames one job may have analysed in one pass; the rest wait for the next "
+        "passes, so that one job's burst (12,000 steps in one envelope) cannot hold detection "
+        "up for every other job.",
+    )  # fmt: skip
+    max_backlog_rank_frames: int = Field(
+        default=1_000_000, gt=0,
+        description="Frames of one job waiting for analysis, times its ranks (~216 B each: "
+        "1M frames of a one-rank job, 100 of a 10,000-rank job, never fewer than "
+        "max_frames_per_pass); past it the oldest are skipped (failslow_frames_skipped_total).",
+    )  # fmt: skip
     late_fraction: float = Field(
         default=DEFAULTS.late_fraction,
         gt=0,

@@ -32,7 +32,7 @@ from failslow.service.db import session_scope
 from failslow.service.errors import Overloaded, Unavailable
 from failslow.service.ingest.salvage import Row, store
 from failslow.service.jobs.service import Uncommitted, restore, take_uncommitted
-from failslow.service.lease import Lease
+from failslow.service.lease import Lease, LeaseLost
 from failslow.service.stream.columnar import UnknownTopology
 from failslow.service.stream.registry import JobRegistry, RegistryFull
 from failslow.service.stream.state import ApplyResult, JobState
@@ -46,6 +46,14 @@ T = TypeVar("T")
 def job_state(jobs: JobRegistry, job: str) -> JobState:
     try:
         return jobs.get_or_load(job)
+    except RegistryFull as exc:
+        raise Overloaded(str(exc), headers={"Retry-After": "5"}) from None
+
+
+def existing_job(jobs: JobRegistry, job: str) -> JobState | None:
+    """The job if it is held or stored (None: nothing is created for it)."""
+    try:
+        return jobs.existing(job)
     except RegistryFull as exc:
         raise Overloaded(str(exc), headers={"Retry-After": "5"}) from None
 
@@ -64,6 +72,11 @@ class Queued:
     body: bytes
     layout: Layout
     future: asyncio.Future[ApplyResult]
+
+
+def _retrieved(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.warning("a snapshot written to let a job leave memory failed: %r", fut.exception())
 
 
 def _fail(fut: asyncio.Future[Any], error: BaseException) -> None:
@@ -113,6 +126,7 @@ class Committer:
         self._queued: dict[int, tuple[JobState, list[Queued]]] = {}  # by id(state)
         self.queued_bytes = 0  # of the v2 envelopes waiting to be applied
         self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the commit loop's, once it runs
         self.commits = 0  # transactions written
 
     async def committed(self, state: JobState) -> None:
@@ -138,6 +152,23 @@ class Committer:
         self.queued_bytes += len(body)
         self._kick()
         return fut
+
+    def save(self, states: list[JobState]) -> None:
+        """Write these jobs' snapshots with the next commit, though nothing of theirs waits
+        (the job registry, before they may leave memory); from any thread."""
+        loop = self._loop
+        if self.snapshots is None or loop is None:
+            return
+        for state in states:
+            self.snapshots.force(state.job)
+        loop.call_soon_threadsafe(self._save_now, states)
+
+    def _save_now(self, states: list[JobState]) -> None:
+        for state in states:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            fut.add_done_callback(_retrieved)  # nobody waits for it: a failure is only logged
+            self._waiting.append((state, fut, None))
+        self._kick()
 
     def _kick(self) -> None:
         if self._wake is None:
@@ -172,7 +203,7 @@ class Committer:
         """The commit loop (a task of the app's lifespan)."""
         if self._wake is None:
             self._wake = asyncio.Event()
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         last = -float("inf")
         interval = self.interval_s
         while True:
@@ -197,11 +228,11 @@ class Committer:
             states = list({id(s): s for s, _, _ in batch}.values())
             try:
                 await run_in_threadpool(self.write, states)
-            except SQLAlchemyError as exc:
-                error = Unavailable(
+            except (SQLAlchemyError, LeaseLost) as exc:
+                error = exc if isinstance(exc, LeaseLost) else Unavailable(  # fenced off: 503
                     f"storage unavailable ({type(exc).__name__}); retry later",
                     headers={"Retry-After": "2"},
-                )
+                )  # fmt: skip
                 for _, fut, _ in batch:
                     _fail(fut, error)
                 continue
@@ -231,10 +262,11 @@ class Committer:
                     also = None if body is None else self._snapshot(u.job, body)
                     store(session, u, self.refused, also)
         except BaseException:
-            for state, u, _ in taken:
+            for state, u, body in taken:
                 with state.lock:
                     restore(state, u)
                     state.committing -= 1
+                    state.unsaved = state.unsaved or body is not None  # not written after all
             raise
         self.commits += 1
         for state, _, _ in taken:

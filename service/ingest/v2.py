@@ -25,7 +25,7 @@ from failslow.service.ingest.admission import admit, check_queue
 from failslow.service.ingest.decode import read_body, read_json_bytes
 from failslow.service.ingest.handoff import publish_registration, publish_v2
 from failslow.service.ingest.schemas import CommIn, IngestResult, RankIn
-from failslow.service.ingest.service import apply, job_state
+from failslow.service.ingest.service import apply, existing_job, job_state
 from failslow.service.stream import columnar
 from failslow.service.stream.parse import INT64_MAX, is_int
 from failslow.service.stream.state import ApplyResult, JobState
@@ -117,10 +117,19 @@ async def register_topology(
         state.topology.touch_host(host, sent_ns, time.monotonic())
         return columnar.register_topology(state, host, ranks, comms)
 
+    def check(state: Any) -> None:
+        columnar.check_for(state, ranks, comms)
+
     bus = ctx.bus
-    # with a bus, checked on its own here (a scratch job) and applied by the job's owner
-    state = job_state(ctx.jobs, job) if bus is None else JobState(job, ctx.settings.state)
     try:
+        # with a bus, checked on its own here (a scratch job) and applied by the job's owner;
+        # without, a new job is made only for a registration that holds (checked on a scratch
+        # job first): a refused request makes nothing (issue 31)
+        if bus is not None:
+            state = JobState(job, ctx.settings.state)
+        elif (state := existing_job(ctx.jobs, job)) is None:
+            await run_in_threadpool(apply, JobState(job, ctx.settings.state), check)
+            state = job_state(ctx.jobs, job)
         ht = await run_in_threadpool(apply, state, register)
     except columnar.RegistrationError as exc:
         raise InvalidTopology("the topology is not valid; nothing was registered",
@@ -193,7 +202,11 @@ def submit_v2(ctx: AppContext, body: bytes, scope: list[str] | None) -> Awaitabl
     allow(scope, header["job"])  # a token scoped to other jobs: 403
     if ctx.bus is not None:
         return publish_v2(ctx.bus, header, body)
-    state = job_state(ctx.jobs, header["job"])
+    # a job nobody registered has no digest to know: 409 without making the job (a tenant's
+    # heartbeats naming 1,100 unknown jobs once filled max_jobs and evicted another's; issue 31)
+    state = existing_job(ctx.jobs, header["job"])
+    if state is None:
+        raise _unknown(columnar.UnknownTopology(header["host"], header["topology"]))
     check_queue(ctx, len(body))
     return ctx.committer.queue_v2(state, header, body, layout)
 
@@ -203,9 +216,11 @@ async def settle_v2(pending: Awaitable[ApplyResult]) -> ApplyResult:
     try:
         return await pending
     except columnar.UnknownTopology as exc:
-        raise UnknownTopology(
-            str(exc), errors=[{"loc": "header.topology", "msg": exc.digest}]
-        ) from None
+        raise _unknown(exc) from None
+
+
+def _unknown(exc: columnar.UnknownTopology) -> UnknownTopology:
+    return UnknownTopology(str(exc), errors=[{"loc": "header.topology", "msg": exc.digest}])
 
 
 def answer_of(ctx: AppContext, result: ApplyResult) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from failslow.service.context import (
     ReadAuth,
     SessionDep,
 )
+from failslow.service.db import get_for_update
 from failslow.service.errors import Conflict, InvalidRequest, NotFound
 from failslow.service.incidents.models import Incident
 from failslow.service.incidents.service import add_notes
@@ -157,7 +158,7 @@ def post_hang_evidence(
     body: HangEvidenceIn,
     session: SessionDep,
 ) -> dict[str, Any]:
-    row = session.get(Incident, incident, with_for_update=True)
+    row = get_for_update(session, Incident, incident)
     if row is None or row.job_id != job:
         raise NotFound(f"no incident {incident!r} in job {job!r}")
     if row.kind != IncidentKind.HANG:

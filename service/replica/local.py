@@ -67,6 +67,7 @@ class LocalSnapshots:
             state.committing += 1
             u = take_uncommitted(state)
             body = snapshot.dumps(state, rt)
+            state.unsaved = False  # once this commit is written (else it is set again below)
         self._taken[state.job] = time.monotonic()
         self._forced.discard(state.job)
         return u, body

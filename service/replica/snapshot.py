@@ -67,6 +67,9 @@ def loads(blob: bytes, settings: StateSettings) -> tuple[JobState, JobRuntime | 
     state.topology.dirty_comms = set()
     state.committing = 0
     state.persisted = True
+    state.unsaved = False  # what it holds is this snapshot
+    state.__dict__.setdefault("closed_through", {})  # a snapshot from before they were kept
+    state.__dict__.setdefault("closed_again", 0)
     rt = None
     r: dict[str, Any] | None = body["runtime"]
     if r is not None:

@@ -207,16 +207,25 @@ class UnknownTopology(LookupError):
         self.host, self.digest = host, digest
 
 
+def check_for(
+    state: JobState, ranks_raw: list[Any], comms_raw: list[Any]
+) -> tuple[list[RankAnnouncement], list[CommAnnouncement]]:
+    """:func:`check_registration` against the job, with the bounds it will have once the
+    registration's new ranks count (raises RegistrationError; changes nothing)."""
+    topo = state.topology
+    return check_registration(
+        topo, ranks_raw, comms_raw,
+        limits=lambda adding: Limits.shown(state.settings, topo.n_slots + adding),
+    )  # fmt: skip
+
+
 def register_topology(
     state: JobState, host: str, ranks_raw: list[Any], comms_raw: list[Any], *, stored: bool = False
 ) -> HostTopology:
     """Check and apply a host's registration (all or nothing); raises RegistrationError.
     ``stored``: it comes from the database (nothing new to store)."""
     topo = state.topology
-    ranks, comms = check_registration(
-        topo, ranks_raw, comms_raw,
-        limits=lambda adding: Limits.shown(state.settings, topo.n_slots + adding),
-    )  # fmt: skip
+    ranks, comms = check_for(state, ranks_raw, comms_raw)
     raw = canonical_bytes(ranks_raw, comms_raw)  # of the form the host sent (checked above)
     key = digest_of(raw)
     kept = state.registrations.setdefault(host, OrderedDict())

@@ -57,6 +57,12 @@ class StateSettings(BaseModel):
         "are refused with this reason.",
     )
     max_jobs: int = Field(default=1_000, gt=0, description="Jobs held in memory at once.")
+    tenant_share: float = Field(
+        default=0.5, gt=0, le=1,
+        description="The most of max_jobs and of max_total_comm_members that the jobs of one "
+        "tenant (the jobs a scoped ingest token may send for, auth.ingest_scopes) may hold: "
+        "one tenant cannot crowd the others out. Jobs of no scope share the rest.",
+    )  # fmt: skip
     frame_grace_s: float = Field(
         default=5.0,
         ge=0,
@@ -96,8 +102,15 @@ class StateSettings(BaseModel):
     shard_min_ranks: int = Field(
         default=4096,
         ge=1,
-        description="Smallest declared world size whose job is sharded (when shards > 0).",
+        description="Fewest ranks shown (announced or registered) of a job that is sharded "
+        "(when shards > 0).",
     )
+    shard_timeout_s: float = Field(
+        default=5.0, gt=0,
+        description="The longest the owner waits for one of a job's shard processes (an "
+        "answer, room in its pipe or ring); past it the shard counts as failed and the job's "
+        "shards start again (docs/hardening.md).",
+    )  # fmt: skip
     time_frame_s: float = Field(
         default=1.0, gt=0, description="Frame length for jobs that send no step records."
     )

@@ -12,6 +12,7 @@ v1 member records remembered for re-sends <= ``max_done_collectives``, open fram
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -43,6 +44,7 @@ from failslow.service.stream.topology import Topology
 if TYPE_CHECKING:
     from failslow.service.stream.columnar import HostTopology
 
+log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class HostDelta:
@@ -112,6 +114,12 @@ class JobState:
         self.persisted = False  # the jobs row exists
         self.committing = 0  # commits in progress that took this job's counters
         self.new_data = False  # something arrived since the last detection pass
+        self.unsaved = False  # something arrived since the job's last snapshot was taken
+        # the last frame index closed, step frames (True) and time frames (False) apart: a
+        # frame at or below it is never closed again (shards started again after a failure
+        # once closed steps a second time: 33 frames analysed for 30 steps)
+        self.closed_through: dict[bool, int] = {}
+        self.closed_again = 0  # frames dropped for that
 
     @property
     def joiner(self) -> Joiner:
@@ -215,7 +223,7 @@ class JobState:
             self.streams[(host, agent)] = batch_seq
             self.dirty_streams.add((host, agent))
         if result.accepted:
-            self.new_data = True
+            self.new_data = self.unsaved = True
         return result
 
     def settle(self) -> None:
@@ -307,7 +315,21 @@ class JobState:
                     self._retire(r.expired)
                 self.blocked = merge_groups([r.blocked for r in results], MAX_BLOCKED)
         self.expire()
-        return closed
+        return self._once(closed)
+
+    def _once(self, closed: list[Frame]) -> list[Frame]:
+        """Frames not closed before, in order; the last index of each kind remembered."""
+        through = self.closed_through
+        fresh = []
+        for f in sorted(closed, key=lambda f: f.index):
+            if f.index > through.get(f.has_steps, -(1 << 62)):
+                through[f.has_steps] = f.index
+                fresh.append(f)
+        if len(fresh) < len(closed):
+            self.closed_again += len(closed) - len(fresh)
+            log.warning("job %s: %d frames closed a second time, dropped", self.job,
+                        len(closed) - len(fresh))  # fmt: skip
+        return fresh
 
     def expire(self) -> int:
         """Drop incomplete collectives past retention; their re-sends are duplicates now."""

@@ -68,17 +68,29 @@ def _comm_info(comm: str, kind: str, ranks: tuple[int, ...], slots: bytes, index
 
 class MemberBudget:
     """Communicator members held in memory over all jobs of one service (~100 B each): the
-    per-job caps do not bound a flood of jobs. Shared by the jobs a registry holds."""
+    per-job caps do not bound a flood of jobs. Shared by the jobs a registry holds. A tenant's
+    budget (``parent``: the service's) is its share of it: what fits must fit both, and what it
+    holds counts in both."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, *, parent: MemberBudget | None = None, label: str = "") -> None:
         self.limit = limit
         self.used = 0
+        self.parent = parent
+        self.label = label  # a tenant's, for its refusals
         self._lock = threading.Lock()
 
     def fits(self, n: int) -> bool:
-        return self.used + n <= self.limit
+        return self.used + n <= self.limit and (self.parent is None or self.parent.fits(n))
 
     def refusal(self, n: int) -> str:
+        if self.parent is not None and self.used + n <= self.limit:
+            return self.parent.refusal(n)
+        if self.parent is not None:
+            return (
+                f"{self.label} holds {self.used} communicator members over its jobs; {n} more "
+                f"exceed its share of {self.limit} (FAILSLOW_STATE__TENANT_SHARE of "
+                "FAILSLOW_STATE__MAX_TOTAL_COMM_MEMBERS)"
+            )
         return (
             f"the service holds {self.used} communicator members over all jobs; {n} more "
             f"exceed its limit of {self.limit} (FAILSLOW_STATE__MAX_TOTAL_COMM_MEMBERS)"
@@ -87,16 +99,21 @@ class MemberBudget:
     def add(self, n: int) -> None:
         with self._lock:
             self.used += n
+        if self.parent is not None:
+            self.parent.add(n)
 
     def release(self, n: int) -> None:
         with self._lock:
             self.used = max(0, self.used - n)
+        if self.parent is not None:
+            self.parent.release(n)
 
     def __getstate__(self) -> dict[str, Any]:  # a snapshot keeps no lock; a registry re-attaches
         return {"limit": self.limit, "used": 0}
 
     def __setstate__(self, d: dict[str, Any]) -> None:
         self.limit, self.used, self._lock = d["limit"], d["used"], threading.Lock()
+        self.parent, self.label = None, ""
 
 
 class Topology:

@@ -8,10 +8,11 @@ import time
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import update
+from sqlalchemy import text, update
 
 from failslow.service.app import create_app
 from failslow.service.db import make_engine, make_sessionmaker, session_scope, upgrade
+from failslow.service.errors import Unavailable
 from failslow.service.lease import NAME, Lease, LeaseHeld, ServiceLease
 from failslow.service.settings import Settings
 from tests.helpers import T0
@@ -75,13 +76,42 @@ def test_two_services_on_one_database(db_url: str) -> None:
         env = {"job": "j", "host": "h", "sent_ns": T0, "agent": "a", "batch_seq": 0}
         assert first.post("/v1/ingest", json=env).status_code == 200
         ctx = first.app.state.ctx  # type: ignore[attr-defined]
-        with session_scope(ctx.sessions) as s:  # someone else takes over meanwhile
-            s.execute(update(ServiceLease).values(holder="other:1:x"))
+        with ctx.engine.begin() as conn:  # someone else takes over meanwhile
+            conn.execute(update(ServiceLease).values(holder="other:1:x"))
         assert not ctx.lease.renew()
         r = first.post("/v1/ingest", json={**env, "batch_seq": 1})
         assert r.status_code == 503 and "lost its database lease to other:1:x" in r.text
         assert first.get("/readyz").status_code == 503
-    with session_scope(ctx.sessions) as s:
-        s.execute(update(ServiceLease).values(expires_at=0.0))
+    with ctx.engine.begin() as conn:  # that other service is gone (outside our fenced sessions)
+        conn.execute(update(ServiceLease).values(expires_at=0.0))
     with TestClient(create_app(settings)) as again:  # after the first is gone
         assert again.get("/readyz").status_code == 200
+
+
+def test_a_service_whose_lease_was_taken_is_fenced_before_its_renewal_notices(
+    db_url: str,
+) -> None:
+    """Issue 31, case 6: a service stopped past its TTL (SIGSTOP) wakes up, and before its
+    renewal runs it committed a batch that the service now holding the lease never saw. Every
+    writing transaction now checks the holder first (the fencing token): 503, nothing stored."""
+    settings = Settings(database_url=db_url, lease_ttl_s=600.0)  # no renewal during the test
+    with TestClient(create_app(settings)) as first:
+        ctx = first.app.state.ctx  # type: ignore[attr-defined]
+        step = {"rank": 0, "step": 0, "start_ns": T0 - 10, "end_ns": T0 - 5}
+        env = {"job": "j", "host": "h", "sent_ns": T0, "agent": "a", "batch_seq": 0,
+               "steps": [step]}  # fmt: skip
+        assert first.post("/v1/ingest", json=env).status_code == 200
+        with ctx.engine.begin() as conn:  # the other service takes over, outside our sessions
+            conn.execute(update(ServiceLease).values(holder="other:1:x"))
+        assert ctx.lease.lost is None  # nothing has noticed yet
+        later = {**env, "batch_seq": 1, "steps": [{**step, "step": 1}]}
+        r = first.post("/v1/ingest", json=later)
+        assert r.status_code == 503 and "lost its database lease" in r.text, r.text
+        assert r.headers["retry-after"] == "5"
+        assert ctx.lease.lost is not None and first.get("/readyz").status_code == 503
+        with pytest.raises(Unavailable), session_scope(ctx.sessions) as s:  # any write
+            s.execute(update(ServiceLease).values(expires_at=1.0))
+    with ctx.engine.connect() as conn:
+        stored = conn.execute(text("SELECT records_accepted, envelopes, last_batch_seq FROM hosts "
+                                   "JOIN agent_streams USING (job_id, host)")).all()  # fmt: skip
+    assert stored == [(1, 1, 0)], stored  # batch 1 was not committed

@@ -9,10 +9,14 @@ then reads every answer, so the shards join and close frames side by side.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import multiprocessing as mp
 import pickle
+import select
+import threading
+import time
 import weakref
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -33,6 +37,7 @@ from failslow.wire import process
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 RING_BYTES = 64 << 20  # per shard: ~1M member records on their way
+STARTUP_S = 30.0  # the least wait for a shard that has not answered since it was started
 COMPACT = {"comm": np.int32, "pos": np.int32, "slot": np.int32}  # smaller on the way over
 
 
@@ -46,16 +51,48 @@ class ShardFailed(RuntimeError):
     """A shard process failed or exited: the job's joins on it are lost."""
 
 
-def _stop(procs: list[BaseProcess], conns: list[Connection], rings: list[Ring]) -> None:
+def _stop(procs: list[BaseProcess], conns: list[Connection], rings: list[Ring],
+          graceful: bool = True) -> None:  # fmt: skip
+    """Stop the shard processes: asked to (when ``graceful`` and their pipes have room), killed
+    when they have not ended 2 s later (or at once)."""
     for c in conns:
         with contextlib.suppress(OSError, ValueError):
-            c.send((Msg.STOP, None, False))
+            if graceful and _writable(c, 0):
+                c.send((Msg.STOP, None, False))
+            c.close()
     for p in procs:
-        p.join(timeout=2)
+        if graceful:
+            p.join(timeout=2)
         if p.is_alive():
             p.kill()
+        p.join(timeout=2)
     for r in rings:
         r.close(unlink=True)
+
+
+def _writable(conn: Connection, timeout_s: float) -> bool:
+    """Whether ``conn``'s pipe has room to write, waiting up to ``timeout_s``."""
+    return bool(select.select([], [conn.fileno()], [], timeout_s)[1])
+
+
+def stop_in_background(procs: list[BaseProcess], conns: list[Connection], rings: list[Ring],
+                       graceful: bool = True) -> None:  # fmt: skip
+    """:func:`_stop` on a thread of its own: a job leaving memory (eviction runs on the event
+    loop) never waits for its shards to end (4-6 evictions once stalled /healthz 3-6 s)."""
+    t = threading.Thread(target=_stop, args=(procs, conns, rings, graceful),
+                         name="failslow-shard-stop", daemon=True)  # fmt: skip
+    _stopping.add(t)
+    t.start()
+
+
+_stopping: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+
+
+@atexit.register
+def _finish_stopping() -> None:
+    """At exit, the shards being stopped end (and their shared memory goes) first."""
+    for t in list(_stopping):
+        t.join(timeout=10)
 
 
 class Shards:
@@ -75,6 +112,7 @@ class Shards:
         self.fed = False  # records sent since the last pass was asked
         self.kept: list[PassResult] | None = None  # read early (by another request), not used
         self.restarts = 0  # times the shards failed and were started again
+        self.answered: set[int] = set()  # shards that answered since they were started
         self._limits: Limits | None = None
         self._finalizer: weakref.finalize | None = None
 
@@ -103,10 +141,14 @@ class Shards:
                 self._send(conn, Msg.LOAD, (blob, False))
             self.blobs = None
 
-    def close(self) -> None:
-        if self._finalizer is not None:
-            self._finalizer()
+    def close(self, *, graceful: bool = True) -> None:
+        """Stop the shard processes without waiting for them (they end on a thread of their
+        own); ``graceful=False``: kill them (a shard that failed or does not answer)."""
+        if self._finalizer is not None and self._finalizer.detach() is not None:
+            stop_in_background(self.procs, self.conns, self.rings, graceful)
+        self._finalizer = None
         self.procs, self.conns, self.rings = [], [], []
+        self.answered = set()
 
     def restart(self, why: ShardFailed) -> None:
         """A shard failed: start them all again, empty, so that the job goes on. What they held
@@ -116,7 +158,7 @@ class Shards:
             "%s; starting job %s's %d shards again (their collectives being assembled and "
             "their part of the open frames are lost)", why, self.job, self.count,
         )  # fmt: skip
-        self.close()
+        self.close(graceful=False)
         self.sent_comms = self.sent_slots = 0
         self.asked, self.kept, self.last, self.blobs = False, None, [], None
         self.restarts += 1
@@ -145,6 +187,10 @@ class Shards:
         assembly.joiner.retain()
 
     def _send(self, conn: Connection, msg: Msg, arg: Any, answer: bool = False) -> None:
+        """To a shard, waiting at most ``shard_timeout_s`` for room in its pipe (a stopped
+        shard once held the job's lock, and with it every request, for over a minute)."""
+        if not _writable(conn, self._timeout()):
+            raise self._late(conn, "took nothing from its pipe")
         try:
             conn.send((msg, arg, answer))
         except (OSError, ValueError) as exc:
@@ -152,12 +198,26 @@ class Shards:
 
     def _recv(self, conn: Connection) -> Any:
         try:
+            if not conn.poll(self._timeout()):
+                raise self._late(conn, "did not answer")
             ok, out = conn.recv()
         except (OSError, EOFError) as exc:
             raise self._failed(conn) from exc
+        self.answered.add(self.conns.index(conn))
         if not ok:
             raise ShardFailed(f"job {self.job}: shard {self.conns.index(conn)}: {out}")
         return out
+
+    def _timeout(self) -> float:
+        """``shard_timeout_s``; until every shard has answered once, at least STARTUP_S (a
+        process just spawned imports numpy and failslow first: 1-3 s on a busy machine)."""
+        t = self.settings.shard_timeout_s
+        return t if len(self.answered) == len(self.conns) else max(t, STARTUP_S)
+
+    def _late(self, conn: Connection, what: str) -> ShardFailed:
+        i = self.conns.index(conn)
+        return ShardFailed(f"job {self.job}: shard process {i} {what} within "
+                           f"{self._timeout():g} s (shard_timeout_s)")  # fmt: skip
 
     def _failed(self, conn: Connection) -> ShardFailed:
         i = self.conns.index(conn)
@@ -217,10 +277,13 @@ class Shards:
 
     def _stage(self, i: int, cols: dict[str, np.ndarray]) -> None:
         conn = self.conns[i]
+        deadline = time.monotonic() + self._timeout()
 
         def wait() -> None:
             if not self.procs[i].is_alive():
                 raise self._failed(conn)
+            if time.monotonic() > deadline:
+                raise self._late(conn, "read nothing from its ring")
             wait_a_little()
 
         placed = self.rings[i].write(cols, wait, COMPACT)

@@ -9,6 +9,7 @@ import dataclasses
 import os
 import pickle
 import signal
+import time
 from typing import Any
 
 import numpy as np
@@ -251,3 +252,78 @@ def test_frames_closed_after_the_last_records_come_at_the_next_pass() -> None:
         assert sharded.shards is not None and not sharded.waiting()
     finally:
         sharded.close()
+
+
+def _passes(state: JobState, traffic: list[Envelope], every: int) -> list[int]:
+    indices = []
+    for i in range(0, len(traffic), every):
+        v2apply.apply_v2_many(state, traffic[i : i + every])
+        indices += [f.index for f in state.close_frames()]
+    return indices
+
+
+def test_a_shard_killed_mid_step_never_has_a_step_analysed_twice() -> None:
+    """Issue 31, case 8: a shard killed with SIGKILL in the middle of a step gave 33 frames for
+    30 steps (the new shards closed steps again). Frames are closed once, in order."""
+    job, hosts = _job()
+    traffic = _traffic(job, hosts, np.random.default_rng(2))
+    state = _sharded(hosts, True)
+    try:
+        indices = _passes(state, traffic[:13], 3)  # in the middle of a step (before: 5 for 4)
+        assert state.shards is not None
+        os.kill(state.shards.procs[0].pid, signal.SIGKILL)  # type: ignore[arg-type]
+        indices += _passes(state, traffic[13:], 3)
+        state.clock.restore(state.watermark_ns + 10 * job.step_ns)
+        indices += [f.index for f in state.close_frames(flush=True)]
+        assert state.shards.restarts == 1
+        assert indices == sorted(set(indices)), indices
+    finally:
+        state.close()
+
+
+def test_a_stopped_shard_holds_the_job_up_for_its_timeout_at_most() -> None:
+    """Issue 31, case 8: a shard stopped with SIGSTOP held the job's lock, and every request
+    with it, for over a minute (pipe, ring and answers had no timeout). Now it fails after
+    ``shard_timeout_s`` and the job's shards start again."""
+    job, hosts = _job()
+    traffic = _traffic(job, hosts, np.random.default_rng(4))
+    state = _sharded(hosts, True, shard_timeout_s=1.0)
+    try:
+        _passes(state, traffic[:10], 5)
+        assert state.shards is not None
+        stopped = state.shards.procs[1]
+        os.kill(stopped.pid, signal.SIGSTOP)  # type: ignore[arg-type]
+        started = time.monotonic()
+        answers = v2apply.apply_v2_many(state, traffic[10:20])
+        state.close_frames()
+        state.close_frames()  # the answers to the pass asked above
+        took = time.monotonic() - started
+        assert state.shards.restarts == 1 and stopped not in state.shards.procs
+        assert took < 1.0 * 3 + 3, took  # one timeout (and a restart), not a hang
+        assert sum(a.accepted for a in answers if isinstance(a, ApplyResult)) > 100
+        deadline = time.monotonic() + 10
+        while stopped.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not stopped.is_alive()  # killed, though stopped
+    finally:
+        state.close()
+
+
+def test_a_sharded_job_leaves_memory_without_waiting_for_its_shards() -> None:
+    """Issue 31, case 8: evicting 4-6 sharded jobs stalled /healthz 3-6 s (the shards were
+    stopped and joined on the event loop). Closing now hands them to a thread of their own."""
+    job, hosts = _job()
+    traffic = _traffic(job, hosts, np.random.default_rng(5))
+    state = _sharded(hosts, True)
+    _passes(state, traffic[:6], 3)
+    assert state.shards is not None
+    procs = list(state.shards.procs)
+    for p in procs:
+        os.kill(p.pid, signal.SIGSTOP)  # type: ignore[arg-type]
+    started = time.monotonic()
+    state.close()
+    assert time.monotonic() - started < 0.5
+    deadline = time.monotonic() + 15  # the thread reaps them (joining here too would race it)
+    while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(p.is_alive() for p in procs)
