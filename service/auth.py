@@ -43,6 +43,11 @@ def hash_token(token: str) -> str:
 def _normalise_token_list(value: object) -> list[str]:
     if value is None or value == "":
         return []
+    if isinstance(value, str) and value.lstrip().startswith("["):
+        try:  # a JSON list, as the other list settings take (it was one token '["a"]')
+            value = json.loads(value)
+        except ValueError:
+            raise ValueError("a token list is comma-separated or a JSON list of strings") from None
     items = value.split(",") if isinstance(value, str) else list(value)  # type: ignore[call-overload]
     out: list[str] = []
     for raw in items:

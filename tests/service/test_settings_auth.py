@@ -32,6 +32,11 @@ def test_environment_is_read_with_prefix_and_nesting(monkeypatch: pytest.MonkeyP
     s = Settings()
     assert s.database_url == "sqlite:///x.db" and s.detection.window == 7
     assert s.auth.read_tokens == [hash_token("abc"), "sha256:" + "0" * 64]  # plaintext never kept
+    monkeypatch.setenv("FAILSLOW_AUTH__READ_TOKENS", '["abc", "def"]')  # JSON, as other lists
+    assert Settings().auth.read_tokens == [hash_token("abc"), hash_token("def")]  # not one token
+    monkeypatch.setenv("FAILSLOW_AUTH__READ_TOKENS", '["abc"')
+    with pytest.raises(ValidationError, match="comma-separated or a JSON list"):
+        Settings()
 
 
 def test_invalid_detection_settings_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
