@@ -399,7 +399,9 @@ class Conditions:
         key = (IncidentKind.HANG, Subject.job())
         info = self.opened.get(key)
         if found is None:
-            if info is not None and snap.last_progress_ns > info.onset_ns:
+            # resolved only by progress after the hang was found: nothing blocked any more can
+            # also mean its collectives were abandoned (a restart), with nothing come since
+            if info is not None and snap.last_progress_ns > info.detected_ns:
                 self.opened.pop(key)
                 return [self.reporter.hang_finding(RESOLVED, info, None, snap)]
             return []

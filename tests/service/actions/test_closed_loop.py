@@ -212,3 +212,29 @@ def test_a_slow_node_is_rebalanced_and_its_shares_are_kept_while_it_is_slow(
     assert _kinds(res) == [("notify", "succeeded"), ("rebalance", "succeeded")]
     assert res.recovery(onset=40, end=140)["recovered"] >= 0.7
     assert {i["kind"] for i in res.incidents} == {"slow_node"}
+
+
+
+def test_a_restart_that_nothing_follows_leaves_the_hang_open(client: TestClient) -> None:
+    """Issue 32, item 6: with the ``log`` actuator (it only writes a log line) an approved
+    restart abandoned the hung collectives, and the hang resolved 0.2 s later as "collectives
+    progress again" though the job had sent nothing since. A hang resolves only on progress
+    after it was found: here the job never comes back (its plans are not followed)."""
+    sc = _hang_scenario("hang-stays")
+    sim = sc.simulation()
+    approved: list[str] = []
+
+    def on_batch(_s: object, _t: float) -> None:
+        client.post(f"/v1/jobs/{sc.job}/evaluate").raise_for_status()
+        for a in client.get(f"/v1/jobs/{sc.job}/actions", params={"state": "proposed"}).json():
+            client.post(f"/v1/actions/{a['id']}/approve", json={"reason": "go"})
+            approved.append(a["kind"])
+
+    for env in sc.envelopes(sim, on_batch):
+        assert client.post("/v1/ingest", json=env).status_code == 200
+    client.post(f"/v1/jobs/{sc.job}/evaluate").raise_for_status()
+    actions = client.get(f"/v1/jobs/{sc.job}/actions").json()
+    assert any(a["kind"] == "restart" and a["state"] == "succeeded" for a in actions), actions
+    hang = next(i for i in client.get(f"/v1/jobs/{sc.job}/incidents").json()
+                if i["kind"] == "hang")  # fmt: skip
+    assert hang["state"] == "open", hang
