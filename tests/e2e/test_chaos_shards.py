@@ -43,9 +43,15 @@ def _simulate(tmp_path: Path, job: str, *args: str) -> list[dict]:  # type: igno
 def _shards(service: int) -> list[int]:
     """The service's shard processes (spawned children; not its resource tracker)."""
     out = subprocess.run(["pgrep", "-P", str(service)], capture_output=True, text=True).stdout
-    pids = [int(p) for p in out.split()]
-    return [p for p in pids
-            if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]  # fmt: skip
+    found = []
+    for pid in (int(p) for p in out.split()):
+        try:  # a child listed by pgrep may be gone (reaped) before it is read
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if b"spawn_main" in cmdline:
+            found.append(pid)
+    return found
 
 
 def _metric(url: str, name: str) -> float:
@@ -74,8 +80,14 @@ def test_shards_killed_and_stopped_mid_step(tmp_path: Path) -> None:
     def feed(envs: list[dict], pace_s: float, timed: str | None) -> None:  # type: ignore[type-arg]
         with httpx.Client(timeout=60) as c:
             for e in envs:
+                if done.is_set():  # the test ended early: stop feeding a stopped service
+                    return
                 t0 = time.monotonic()
-                r = c.post(f"{url}/v1/ingest", json=e)
+                try:
+                    r = c.post(f"{url}/v1/ingest", json=e)
+                except httpx.TransportError as exc:
+                    errors.append(f"{e['job']}: {exc!r}")
+                    return
                 if timed:
                     latencies[timed].append(time.monotonic() - t0)
                 if r.status_code != 200:
@@ -86,7 +98,11 @@ def test_shards_killed_and_stopped_mid_step(tmp_path: Path) -> None:
         with httpx.Client(timeout=60) as c:
             while not done.is_set():
                 t0 = time.monotonic()
-                c.get(f"{url}/healthz")
+                try:
+                    c.get(f"{url}/healthz")
+                except httpx.TransportError as exc:
+                    errors.append(f"healthz: {exc!r}")
+                    return
                 latencies["healthz"].append(time.monotonic() - t0)
                 time.sleep(0.1)
 
@@ -120,6 +136,8 @@ def test_shards_killed_and_stopped_mid_step(tmp_path: Path) -> None:
         found = httpx.get(f"{url}/v1/jobs/big/incidents").json()
     finally:
         done.set()
+        for t in threads:
+            t.join(timeout=60)
         stop(service)
     log = (tmp_path / "svc.log").read_text()
     assert log.count("starting job big's 2 shards again") >= 2, log[-3000:]
