@@ -13,7 +13,7 @@ from collections import deque
 
 import numpy as np
 
-from failslow.detectors import own
+from failslow.detectors import link_rules, own
 from failslow.detectors.blind import on_slow_nic
 from failslow.detectors.changepoint import OnlineChangeDetector
 from failslow.detectors.defaults import DEFAULTS
@@ -21,7 +21,8 @@ from failslow.detectors.findings import Finding, date_onset
 from failslow.detectors.hang import HangDetector, HangSnapshot
 from failslow.detectors.history import FrameHistory
 from failslow.detectors.lifecycle import ConditionTracker, KeyedTracker, run_start
-from failslow.detectors.link import LinkDetector, LinkScores, explained
+from failslow.detectors.link import LinkDetector, LinkScores
+from failslow.detectors.localise import LinkSuspect
 from failslow.detectors.report import OpenCondition, Reporter
 from failslow.detectors.robust import quiet_nan
 from failslow.detectors.straggler import FrameScores, NodeScores
@@ -31,7 +32,6 @@ from failslow.detectors.vocab import (
     FindingStatus,
     IncidentKind,
     Subject,
-    SubjectKind,
 )
 
 REDATE_AFTER = 6  # frames after opening: the change then has enough samples on both sides
@@ -274,40 +274,17 @@ class Conditions:
         return out
 
     # -- slow links ----------------------------------------------------------------------------
+    def open_links(self) -> dict[Subject, LinkSuspect]:
+        """The NICs and cables of open ``slow_link`` incidents, as link suspects."""
+        return link_rules.open_links(self.opened)
+
     def links_step(self, frame: Frame, links: LinkScores, s: FrameScores) -> list[Finding]:
         shape, hist = self.shape, self.history
         assert shape is not None
         kind = IncidentKind.SLOW_LINK
         busy = self.compute_hosts(s)
-        # an open slow NIC explains every slow link of its host, and an open slow cable the
-        # NIC of either end (its probes tell which): no second incident for one fault (a
-        # throttled NIC opened a cable and then the NIC in the lab's FSDP2 x TP x PP job)
-        nics, cabled = set(), set()
-        for (k, subj), info in self.opened.items():
-            if k == kind:
-                (nics if subj.kind == SubjectKind.HOST else cabled).update(info.hosts)
-        suspects = {
-            k
-            for k, (hosts, _, edges) in links.suspects.items()
-            if not explained(busy, hosts, edges)
-            and not (k.kind == SubjectKind.LINK and nics.intersection(hosts))
-            and not (k.kind == SubjectKind.HOST and cabled.intersection(hosts))
-        }
-        # keep an open link subject "elevated" while any of its comms stays below the relaxed
-        # ratio
-        elevated = set()
-        for (k, subject), info in self.opened.items():
-            if k == kind:
-                comms = info.extra.get("comms", [])
-                # the group's median: with dozens of comms one always dips by jitter alone
-                # a comm back inside its own noise counts as healthy (small jobs: no peers)
-                ratios = [
-                    links.ratio[c] if links.beyond_noise[c] else 1.0
-                    for c in comms
-                    if c < links.ratio.size and np.isfinite(links.ratio[c])
-                ]
-                if ratios and float(np.median(ratios)) < self.links.relaxed_ratio:
-                    elevated.add(subject)
+        suspects = link_rules.new_suspects(self.opened, links, busy)
+        elevated = link_rules.still_slow(self.opened, links, self.links.relaxed_ratio)
         strong = {
             k
             for k, (_, slowdown, _) in links.suspects.items()
@@ -318,12 +295,7 @@ class Conditions:
         out = []
         for subject in opened:
             hosts, _slow, edges = links.suspects.get(subject, ((), float("nan"), ()))
-            host_idx = {shape.hosts.index(h) for h in hosts if h in shape.hosts}
-            comms = [
-                c
-                for c in range(links.slow.size)
-                if links.slow[c] and host_idx & set(shape.comm_hosts[c])
-            ]
+            comms = link_rules.own_comms(shape, links, subject, hosts, self.opened)
             pos = hist.positions(0)
             signal = (
                 quiet_nan(np.nanmedian, hist.link_ratio[comms][:, pos], axis=0)

@@ -29,12 +29,16 @@ import numpy as np
 
 from failslow.detectors.busbw import bus_bandwidth
 from failslow.detectors.defaults import DEFAULTS
+from failslow.detectors.localise import (
+    Evidence,
+    LinkSuspect,
+    crossing,
+    host_fraction,
+    localise,
+)
 from failslow.detectors.robust import nanmedian_rows
 from failslow.detectors.types import P2P, Frame, JobShape
 from failslow.detectors.vocab import Subject
-
-# (hosts, transfer slowdown, candidate edges) of a suspect NIC or set of host pairs
-LinkSuspect = tuple[tuple[str, ...], float, tuple[tuple[str, str], ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,26 +191,31 @@ class LinkDetector:
         busy_hosts: set[int] | None = None,
         *,
         timed_p2p: bool = True,
+        open_causes: dict[Subject, LinkSuspect] | None = None,
+        healthy_step_s: float = float("nan"),
     ) -> LinkScores:
         """``busy_hosts``: host indices with a rank that computes slowly now; the communicators
         through them are left out of this frame (a starved rank slows the collectives it
         drives: gloo reduces on the CPU, NCCL kernels share the SMs) and not learnt from.
         ``timed_p2p`` False: p2p communicators are left out too (a small job on shared CPUs,
         whose eager sends block while an unscheduled receiver drains nothing: 10x slower for
-        40 steps in a healthy lab pipeline)."""
+        40 steps in a healthy lab pipeline). ``open_causes``: the NICs and cables of open incidents,
+        which explain their communicators before anything new is placed. ``healthy_step_s``:
+        the job's healthy step time, against which a link's cost is measured (NaN: the frame's)."""
         n_comms = min(frame.comm_bytes.size, shape.comm_kind.size)
         keep = shape.ch_comm < n_comms
         ch_comm, ch_host = shape.ch_comm[keep], shape.ch_host[keep]
         cross = np.bincount(ch_comm, minlength=n_comms) >= 2  # distinct hosts per comm
         if not timed_p2p:
             cross &= shape.comm_kind[:n_comms] != P2P
-        if busy_hosts:
-            through = ch_comm[np.isin(ch_host, np.fromiter(busy_hosts, np.int64))]
-            cross[through] = False
         busbw = bus_bandwidth(
             frame.comm_bytes[:n_comms], np.ones(n_comms), frame.comm_transfer[:n_comms]
         )
-        busbw = np.where(cross & (frame.comm_calls[:n_comms] > 0), busbw, np.nan)
+        everyone = np.where(cross & (frame.comm_calls[:n_comms] > 0), busbw, np.nan)
+        if busy_hosts:
+            through = ch_comm[np.isin(ch_host, np.fromiter(busy_hosts, np.int64))]
+            cross[through] = False
+        busbw = np.where(cross, everyone, np.nan)
         own = self.baseline(n_comms)
         parent = shape.comm_parent[:n_comms]
         if parent.size == n_comms and (parent >= 0).any():
@@ -215,12 +224,27 @@ class LinkDetector:
             has = parent >= 0
             for _ in range(4):  # chains of re-creations
                 own = np.where(has, np.fmax(own, own[np.where(has, parent, 0)]), own)
+        # the peer reference counts the comms left out through compute-slow hosts too: when a
+        # slow GPU's host carries half the job's rings, the other half are all the peers left,
+        # and a slow NIC under all of them would be its own reference
+        # ... but not those an open NIC or cable incident explains: two slow NICs under all
+        # the job's rings of a kind would make each other's reference
+        # the job's rings of a kind would make each other's reference; and where those left
+        # out leave only rings through one host, they cannot judge that host's NIC
+        peers = np.isfinite(everyone)
+        for hosts, _, edges in (open_causes or {}).values():
+            peers &= ~crossing(shape, n_comms, hosts, edges)
+        thinned = np.isfinite(everyone) & ~peers
         peer = np.full(n_comms, np.nan)
         keys = shape.comm_kind[:n_comms] * 1_000_003 + shape.comm_size[:n_comms]
-        for key in np.unique(keys[np.isfinite(busbw)]):
-            sel = (keys == key) & np.isfinite(busbw)
+        for key in np.unique(keys[peers]):
+            sel = (keys == key) & peers
+            if (thinned & (keys == key)).any():
+                shared = np.bincount(ch_host[sel[ch_comm]], minlength=shape.n_hosts)
+                if shared.max(initial=0) >= sel.sum():
+                    continue
             if sel.sum() >= 3:
-                peer[keys == key] = np.percentile(busbw[sel], 80)
+                peer[keys == key] = np.percentile(everyone[sel], 80)
         with np.errstate(divide="ignore", invalid="ignore"):
             r_own = busbw / own
             r_peer = busbw / peer
@@ -241,20 +265,36 @@ class LinkDetector:
         )
         elevated = known & (ratio < self.relaxed_ratio) & beyond_noise
         self.learn(busbw)
-        host_frac, suspects = self._localise(
-            shape, n_comms, busbw, slow, own, self.cost(frame, ratio, n_comms)
+        left = np.isfinite(everyone) & ~np.isfinite(busbw)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            left_ratio = np.fmin(everyone / own, everyone / peer)
+        ev = Evidence(
+            data=np.isfinite(busbw),
+            bad=slow & np.isfinite(busbw),
+            left=left,
+            left_fine=left & (np.nan_to_num(left_ratio, nan=0.0) >= self.slow_ratio),
+        )
+        host_frac = host_fraction(shape, ev)
+        suspects = self._localise(
+            shape, ev, busbw, own, self.cost(frame, ratio, n_comms, healthy_step_s), open_causes
         )
         return LinkScores(busbw, ratio, slow, elevated, host_frac, beyond_noise, suspects)
 
     @staticmethod
-    def cost(frame: Frame, ratio: np.ndarray, n_comms: int) -> np.ndarray:
+    def cost(
+        frame: Frame, ratio: np.ndarray, n_comms: int, healthy_step_s: float = float("nan")
+    ) -> np.ndarray:
         """Per comm: the share of a step it lost against its reference (NaN: unknown). Its
         transfers took ``t`` in this frame; at the reference bandwidth they would have taken
-        ``t x ratio``."""
+        ``t x ratio``. The step is the job's healthy one where known and shorter: while another
+        fault (a slow node) stretches every step, a slow cable costs what it costs a healthy
+        step, not a share of the stretched one (issue 32: never reported)."""
         if frame.has_steps and np.isfinite(frame.step_time).any():
             step = float(np.nanmedian(frame.step_time))
         else:
             step = (frame.end_ns - frame.start_ns) * 1e-9
+        if 0 < healthy_step_s < step:
+            step = healthy_step_s
         if not step > 0:
             return np.full(n_comms, np.nan)
         with np.errstate(invalid="ignore"):
@@ -263,80 +303,31 @@ class LinkDetector:
     def _localise(
         self,
         shape: JobShape,
-        n_comms: int,
+        ev: Evidence,
         busbw: np.ndarray,
-        slow: np.ndarray,
         own: np.ndarray,
         cost: np.ndarray,
-    ) -> tuple[np.ndarray, dict[Subject, LinkSuspect]]:
-        """The single component (a host's NIC, or a cable between two hosts) whose communicators
-        best match the slow ones: F1 between "crosses the component" and "is slow", over
-        communicators with data. Equally good edges are reported together (ambiguous). A
-        component is a suspect only when one of its slow communicators lost at least
-        ``min_cost`` of the step (``cost``): a slower link that costs the job nothing that
-        matters is not a fail-slow."""
-        n_hosts = shape.n_hosts
-        data = np.zeros(max(n_comms, 1), dtype=bool)
-        data[:n_comms] = np.isfinite(busbw[:n_comms])
-        bad = np.zeros_like(data)
-        bad[:n_comms] = slow[:n_comms] & data[:n_comms]
-        keep_h = shape.ch_comm < n_comms
-        ch_comm, ch_host = shape.ch_comm[keep_h], shape.ch_host[keep_h]
-        host_total = np.bincount(ch_host[data[ch_comm]], minlength=n_hosts).astype(float)
-        host_slow = np.bincount(ch_host[bad[ch_comm]], minlength=n_hosts).astype(float)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            host_frac = np.where(host_total > 0, host_slow / host_total, np.nan)
-        suspects: dict[Subject, LinkSuspect] = {}
-        n_bad = int(bad.sum())
-        if not n_bad:
-            return host_frac, suspects
-        keep_e = shape.ce_comm < n_comms
-        ce_comm, ce_edge = shape.ce_comm[keep_e], shape.ce_edge[keep_e]
-        n_edges = shape.edges.shape[0]
-        e_total = np.bincount(ce_edge[data[ce_comm]], minlength=n_edges).astype(float)
-        e_slow = np.bincount(ce_edge[bad[ce_comm]], minlength=n_edges).astype(float)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            f_host = np.nan_to_num(2 * host_slow / (host_total + n_bad))
-            f_edge = np.nan_to_num(2 * e_slow / (e_total + n_bad))
-        best = max(float(f_host.max(initial=0.0)), float(f_edge.max(initial=0.0)))
-        if best < self.min_fit:
-            return host_frac, suspects
+        known: dict[Subject, LinkSuspect] | None = None,
+    ) -> dict[Subject, LinkSuspect]:
+        """The components (NICs, cables) that explain the slow communicators
+        (``detectors/localise.py``). A component is a suspect only when one of its slow
+        communicators lost at least ``min_cost`` of the step (``cost``): a slower link that
+        costs the job nothing that matters is not a fail-slow."""
 
         def matters(mask: np.ndarray) -> bool:
-            lost = cost[:n_comms][mask[:n_comms]]
+            lost = cost[mask]
             lost = lost[np.isfinite(lost)]
             return not lost.size or float(lost.max()) >= self.min_cost
 
         def slowdown(mask: np.ndarray) -> float:
-            m = mask[:n_comms]
             with np.errstate(divide="ignore", invalid="ignore"):
-                vals = own[:n_comms][m] / busbw[:n_comms][m]
+                vals = own[mask] / busbw[mask]
             vals = vals[np.isfinite(vals)]
             return float(np.median(vals)) if vals.size else float("nan")
 
-        tol = 1e-9
-        hosts_best = np.flatnonzero(f_host >= best - tol)
-        if hosts_best.size == 1 and f_host[hosts_best[0]] >= float(f_edge.max(initial=0.0)) - tol:
-            h = int(hosts_best[0])  # a NIC explains it at least as well as any cable
-            mine = np.zeros_like(data)
-            mine[ch_comm[ch_host == h]] = True
-            if matters(bad & mine):
-                suspects[Subject.host(shape.hosts[h])] = (
-                    (shape.hosts[h],),
-                    slowdown(bad & mine),
-                    (),
-                )
-            return host_frac, suspects
-        ids = np.flatnonzero(f_edge >= best - tol)
-        if ids.size:
-            pairs = sorted((int(shape.edges[e, 0]), int(shape.edges[e, 1])) for e in ids)
-            names = tuple((shape.hosts[a], shape.hosts[b]) for a, b in pairs)
-            hosts = tuple(sorted({h for pair in names for h in pair}))
-            crossing = np.zeros_like(data)
-            crossing[ce_comm[np.isin(ce_edge, ids)]] = True
-            if matters(bad & crossing):
-                suspects[Subject.link(names)] = (hosts, slowdown(bad & crossing), names)
-        return host_frac, suspects
+        return localise(
+            shape, ev, min_fit=self.min_fit, matters=matters, slowdown=slowdown, known=known
+        )
 
 
 def explained(busy: set[str], hosts: tuple[str, ...], edges: tuple[tuple[str, str], ...]) -> bool:

@@ -185,7 +185,14 @@ class JobPipeline:
             frame, scores, shape, late_fraction=self.late_fraction, compute_ratio=self.compute_ratio
         )
         busy = {shape.hosts.index(h) for h in cond.compute_hosts(scores) if h in shape.hosts}
-        links = self.links.score(frame, shape, busy, timed_p2p=not scores.shaky)
+        links = self.links.score(
+            frame,
+            shape,
+            busy,
+            timed_p2p=not scores.shaky,
+            open_causes=cond.open_links(),
+            healthy_step_s=hist.baseline(),
+        )
         self.last_scores, self.last_links = scores, links
         cond.reporter.observe(shape, scores, links)
         hist.record(frame, scores, nodes, links, n_comms)
