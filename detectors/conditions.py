@@ -16,6 +16,7 @@ import numpy as np
 from failslow.detectors import link_rules, own
 from failslow.detectors.blind import on_slow_nic
 from failslow.detectors.changepoint import OnlineChangeDetector
+from failslow.detectors.chronic import date_chronic
 from failslow.detectors.defaults import DEFAULTS
 from failslow.detectors.findings import Finding, date_onset
 from failslow.detectors.hang import HangDetector, HangSnapshot
@@ -28,7 +29,6 @@ from failslow.detectors.robust import quiet_nan
 from failslow.detectors.straggler import FrameScores, NodeScores
 from failslow.detectors.types import Frame, JobShape
 from failslow.detectors.vocab import (
-    COMPUTE_KINDS,
     FindingStatus,
     IncidentKind,
     Subject,
@@ -194,8 +194,11 @@ class Conditions:
             if s.shaky
             else None
         )
+        # twice as slow as its peers: 3 frames in a row open (not in a small job on shared
+        # CPUs, whose ranks run 2-3x for a few frames with nothing wrong, nor a blind one)
+        severe = None if s.shaky or s.blind else s.compute_ratio >= DEFAULTS.severe_ratio
         trans = self.gpus.update(suspect, v.elevated, np.isfinite(s.late), v.strong,
-                                 evidence=evidence)  # fmt: skip
+                                 evidence=evidence, severe=severe)  # fmt: skip
         hist.learn_own_ratio(s.compute_ratio, v.learn)
         out = []
         kind = IncidentKind.SLOW_GPU
@@ -205,7 +208,8 @@ class Conditions:
                 hist.gpu_signal(slot, pos), hist.elevated[slot, pos], hist.suspect[slot, pos]
             )
             info = self._open(kind, start, len(pos), frame, slots=(int(slot),))
-            info.redate_at = hist.count + REDATE_AFTER
+            if not date_chronic(info, hist, info.slots, self.compute_ratio):
+                info.redate_at = hist.count + REDATE_AFTER
             hostname = shape.hosts[host[slot]] if host[slot] >= 0 else None
             info.hosts = (hostname,) if hostname else ()
             self.opened[(kind, Subject.slot(slot))] = info
@@ -229,7 +233,8 @@ class Conditions:
         # their peers elsewhere, late or not (a rebalance hides the lateness, not the node)
         still_slow = self.hosts.open[:n_hosts] & (nodes.ratio >= self.compute_ratio)
         elevated = nodes.elevated | nodes.suspect | still_slow
-        trans = self.hosts.update(nodes.suspect, elevated, np.isfinite(nodes.ratio), strong)
+        trans = self.hosts.update(nodes.suspect, elevated, np.isfinite(nodes.ratio), strong,
+                                  severe=nodes.ratio >= DEFAULTS.severe_ratio)  # fmt: skip
         out = []
         kind = IncidentKind.SLOW_NODE
         host = shape.host_of_slot[: frame.n]
@@ -244,6 +249,7 @@ class Conditions:
             flags = signal >= 1 + (self.compute_ratio - 1) / 2  # no members: all False
             start = date_onset(signal, flags)
             info = self._open(kind, start, len(pos), frame, slots=tuple(int(m) for m in members))
+            date_chronic(info, hist, info.slots, self.compute_ratio)
             info.hosts = (shape.hosts[h],)
             subject = Subject.host(shape.hosts[h])
             self.opened[(kind, subject)] = info
@@ -256,22 +262,9 @@ class Conditions:
         return out
 
     def compute_hosts(self, s: FrameScores) -> set[str]:
-        """Hosts with a rank that computes slowly now (a suspect this frame, or an open
-        ``slow_gpu``/``slow_node``): a starved CPU or GPU also slows the communication it drives
-        (gloo reduces on the CPU, NCCL kernels share the SMs), which is no evidence of a link."""
-        shape = self.shape
-        assert shape is not None
-        out: set[str] = set()
-        host = shape.host_of_slot
-        # a blind job's suspects are only late, which a slow NIC makes them too: no evidence
-        suspects = np.flatnonzero(s.suspect[: host.size]) if not s.blind else np.zeros(0, int)
-        for slot in suspects.tolist():
-            if host[slot] >= 0:
-                out.add(shape.hosts[host[slot]])
-        for (kind, _), info in self.opened.items():
-            if kind in COMPUTE_KINDS:
-                out.update(h for h in info.hosts if h)
-        return out
+        """Hosts with a rank that computes slowly now (``link_rules.compute_hosts``)."""
+        assert self.shape is not None
+        return link_rules.compute_hosts(self.shape, self.opened, s)
 
     # -- slow links ----------------------------------------------------------------------------
     def open_links(self) -> dict[Subject, LinkSuspect]:

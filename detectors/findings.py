@@ -45,7 +45,7 @@ def severity_of(
     critical: float = DEFAULTS.critical_slowdown,
 ) -> Severity:
     """How much the condition costs the job: a hang is critical; otherwise ``slowdown``, the
-    job's step time against what it would be without the condition (``report.impact``; the
+    job's step time against what it would be without the condition (``impact.impact``; the
     culprit's own slowdown when the job's is unknown, as without step records) decides:
     >= ``critical`` critical, >= ``major`` major, below minor. Unknown impact counts as major
     (acting on it stays the policy's choice)."""

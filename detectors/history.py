@@ -33,6 +33,7 @@ NORMAL_PULL = 0.3  # ... by this share of the difference (about 3 blocks to foll
 NOISE_BLOCKS = 20  # blocks over which the job's step noise is the median
 JOB_NOISE_BAR = 2.0  # a job slowdown is at least this many times the job's step noise
 RANK_BLOCKS = 20  # blocks of per-rank compute medians kept for each rank's healthy floor
+EARLY = 10  # a rank's first frames, kept for good: was a condition there from the start?
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +52,16 @@ class FrameHistory:
     """Recent frames of one job. Mutated only by the pipeline that owns it."""
 
     def __init__(
-        self, *, history: int, window: int, baseline_frames: int, baseline_block: int
+        self,
+        *,
+        history: int,
+        window: int,
+        baseline_frames: int,
+        baseline_block: int,
+        warmup: int = 0,
     ) -> None:
         self.h = history
+        self.warmup = warmup  # frames at the job's start that are no sample of how it runs
         self.window = window
         self.n = 0
         self.count = 0  # frames recorded
@@ -93,6 +101,14 @@ class FrameHistory:
         # the healthy frames before it)
         self._cblock: list[np.ndarray] = []
         self.compute_blocks: deque[np.ndarray] = deque(maxlen=RANK_BLOCKS)
+        # each rank's first recorded frame (counter, step, start) and, over its first ``EARLY``
+        # frames, its compute against its role peers and whether it was elevated: a condition
+        # present from a rank's first frames is chronic (detectors/chronic.py)
+        self.first_pos = np.zeros(0, dtype=np.int64)
+        self.first_index = np.zeros(0, dtype=np.int64)
+        self.first_ns = np.zeros(0, dtype=np.int64)
+        self.early_ratio = np.zeros((0, EARLY), dtype=np.float32)
+        self.early_elevated = np.zeros((0, EARLY), dtype=bool)
 
     # -- shape ---------------------------------------------------------------------------------
     def ensure(self, n: int, n_comms: int) -> None:
@@ -105,6 +121,13 @@ class FrameHistory:
                 arr = getattr(self, name)
                 setattr(self, name, np.vstack([arr, np.full((extra, self.h), np.nan, np.float32)]))
             self.own_ratio = np.concatenate([self.own_ratio, np.full(extra, np.nan)])
+            self.first_pos = np.concatenate([self.first_pos, np.full(extra, -1, np.int64)])
+            self.first_index = np.concatenate([self.first_index, np.zeros(extra, np.int64)])
+            self.first_ns = np.concatenate([self.first_ns, np.zeros(extra, np.int64)])
+            self.early_ratio = np.vstack(
+                [self.early_ratio, np.full((extra, EARLY), np.nan, np.float32)]
+            )
+            self.early_elevated = np.vstack([self.early_elevated, np.zeros((extra, EARLY), bool)])
             self.n = n
         if n_comms > self.link_ratio.shape[0]:
             extra = n_comms - self.link_ratio.shape[0]
@@ -141,6 +164,7 @@ class FrameHistory:
         self.cross[n:, p] = np.nan
         self.cross[:n, p] = nodes.rank_ratio
         self._add_compute(s.compute)
+        self._add_early(frame, s, nodes)
         m = min(n_comms, links.ratio.size)
         self.link_ratio[m:, p] = np.nan
         # within its own noise counts as healthy (dating and hysteresis agree with detection)
@@ -167,6 +191,23 @@ class FrameHistory:
             stack[i, : a.size] = a
         self.compute_blocks.append(quiet_nan(np.nanmedian, stack, axis=0))
         self._cblock = []
+
+    def _add_early(self, frame: Frame, s: FrameScores, nodes: NodeScores) -> None:
+        n = frame.n
+        present = np.isfinite(s.compute) | np.isfinite(s.late)
+        first = self.first_pos[:n]
+        new = present & (first < 0)
+        if new.any():
+            first[new] = self.count
+            self.first_index[:n][new] = frame.index
+            self.first_ns[:n][new] = frame.start_ns
+        # a job's start-up frames (warm-up) are no sample of how a rank runs
+        age = self.count - np.maximum(first, self.warmup)
+        young = np.flatnonzero(present & (first >= 0) & (age >= 0) & (age < EARLY))
+        if young.size:
+            speed = np.fmax(s.compute_ratio[young], nodes.rank_ratio[young])
+            self.early_ratio[young, age[young]] = speed
+            self.early_elevated[young, age[young]] = s.elevated[young] | s.suspect[young]
 
     def compute_floor(self, slot: int) -> float:
         """A rank's healthy compute time per frame: its fastest block median of the last

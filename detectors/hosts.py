@@ -10,8 +10,14 @@ node and link incidents (it runs when one opens, not every frame).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from scipy.stats import chi2
+
+from failslow.detectors.findings import rounded
+from failslow.detectors.robust import group_median
+from failslow.detectors.types import JobShape
 
 MIN_HOSTS = 10  # below this the robust covariance is not identifiable; robust z-scores instead
 
@@ -53,3 +59,35 @@ def host_outlier_scores(features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     dist[ok] = np.sqrt(d2)
     pval[ok] = chi2.sf(d2, df=xs.shape[1])
     return dist, pval
+
+
+def host_outliers(
+    shape: JobShape,
+    cross: np.ndarray,
+    late_fraction: np.ndarray,
+    host_slow_fraction: np.ndarray,
+    hosts: tuple[str, ...],
+) -> dict[str, Any]:
+    """Evidence for an incident on ``hosts``: their robust outlier distance among all hosts over
+    the per-host features above (``cross``, ``late_fraction`` per rank slot of the last frame)."""
+    n = min(late_fraction.size, cross.size, shape.host_of_slot.size)
+    host = shape.host_of_slot[:n]
+    feats = np.column_stack(
+        [
+            group_median(cross[:n], host, shape.n_hosts),
+            group_median(late_fraction[:n], host, shape.n_hosts),
+            np.nan_to_num(host_slow_fraction[: shape.n_hosts], nan=0.0),
+        ]
+    )
+    dist, pval = host_outlier_scores(feats)
+    out = {}
+    for h in hosts:
+        if h in shape.hosts:
+            i = shape.hosts.index(h)
+            out[h] = {"distance": rounded(dist[i], 2), "p_value": rounded(pval[i], 6)}
+    rank = np.argsort(-np.nan_to_num(dist, nan=-1.0))[:3]
+    return {
+        "hosts": out,
+        "most_unusual": [shape.hosts[i] for i in rank if np.isfinite(dist[i])],
+        "method": "robust Mahalanobis distance (MinCovDet) over per-host features",
+    }

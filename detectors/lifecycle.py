@@ -42,6 +42,7 @@ class ConditionTracker:
         resolve_after: int,
         flap_window: int | None = None,
         fast_after: int = DEFAULTS.min_evidence,
+        severe_after: int = DEFAULTS.severe_evidence,
     ) -> None:
         if not 1 <= open_after <= window <= 63:
             raise ValueError("need 1 <= open_after <= window <= 63")
@@ -53,6 +54,7 @@ class ConditionTracker:
             raise ValueError("need fast_after >= 1")
         # consecutive *strong* frames that open without waiting for open_after of window
         self.fast_after = fast_after
+        self.severe_after = max(1, min(severe_after, fast_after))  # ... of *severe* frames
         self.mask = np.uint64((1 << window) - 1)
         self.frame = 0
         self.bits = np.zeros(0, dtype=np.uint64)
@@ -61,6 +63,7 @@ class ConditionTracker:
         self.flaps = np.zeros(0, dtype=np.int64)
         self.resolved_at = np.zeros(0, dtype=np.int64)
         self.strong_run = np.zeros(0, dtype=np.int64)
+        self.severe_run = np.zeros(0, dtype=np.int64)
 
     def ensure(self, n: int) -> None:
         extra = n - self.bits.size
@@ -72,6 +75,7 @@ class ConditionTracker:
             never = np.full(extra, np.iinfo(np.int64).min // 2, np.int64)
             self.resolved_at = np.concatenate([self.resolved_at, never])
             self.strong_run = np.concatenate([self.strong_run, np.zeros(extra, np.int64)])
+            self.severe_run = np.concatenate([self.severe_run, np.zeros(extra, np.int64)])
 
     def seed_open(self, index: int) -> None:
         """Mark a subject open (an incident that was open before a restart)."""
@@ -92,14 +96,18 @@ class ConditionTracker:
         strong: np.ndarray | None = None,
         *,
         evidence: tuple[int, int] | None = None,
+        severe: np.ndarray | None = None,
     ) -> Transitions:
         """Advance one frame. Absent subjects (no data) neither count as suspect nor as clean.
 
         ``strong`` marks suspects whose evidence is far past the thresholds: ``fast_after``
         consecutive strong frames open a subject without waiting for ``open_after`` of
-        ``window``. By default that is ``min_evidence`` (4) frames: however strong, a deviation
-        of 3 steps or fewer opens nothing (a hiccup is not an incident). ``evidence``: ``(window,
+        ``window``. By default that is ``min_evidence`` (4) frames: a strong deviation of 3 steps
+        or fewer opens nothing (a hiccup is not an incident). ``evidence``: ``(window,
         open_after)`` for this frame instead of the tracker's (up to ``KEEP`` frames).
+        ``severe``: strong suspects far past even that (a rank twice as slow as its peers):
+        ``severe_after`` (3) consecutive ones open — evidence in proportion to its strength; a
+        stall of one rank spans at most two frames (it can cross a step boundary).
         """
         n = suspect.size
         self.ensure(n)
@@ -119,6 +127,14 @@ class ConditionTracker:
         )
         self.strong_run[:n] = run
         fast = run >= self.fast_after
+        if severe is not None:
+            srun = np.where(
+                present & severe & strong & suspect,
+                self.severe_run[:n] + 1,
+                np.where(present, 0, self.severe_run[:n]),
+            )
+            self.severe_run[:n] = srun
+            fast |= srun >= self.severe_after
         opening = ~was_open & present & suspect & ((count >= need) | fast)
         flapping = opening & (self.frame - self.resolved_at[:n] <= self.flap_window)
         self.flaps[:n] = np.where(

@@ -8,8 +8,9 @@ import numpy as np
 from failslow.detectors.link import LinkScores, explained
 from failslow.detectors.localise import LinkSuspect, crossing
 from failslow.detectors.report import OpenCondition
+from failslow.detectors.straggler import FrameScores
 from failslow.detectors.types import JobShape
-from failslow.detectors.vocab import IncidentKind, Subject, SubjectKind
+from failslow.detectors.vocab import COMPUTE_KINDS, IncidentKind, Subject, SubjectKind
 
 Opened = dict[tuple[IncidentKind, Subject], OpenCondition]
 KIND = IncidentKind.SLOW_LINK
@@ -75,3 +76,20 @@ def own_comms(
         if subj != subject:
             theirs |= crossing(shape, n, h2, e2)
     return [c for c in comms if not theirs[c]] or comms
+
+
+def compute_hosts(shape: JobShape, opened: Opened, s: FrameScores) -> set[str]:
+    """Hosts with a rank that computes slowly now (a suspect this frame, or an open
+    ``slow_gpu``/``slow_node``): a starved CPU or GPU also slows the communication it drives
+    (gloo reduces on the CPU, NCCL kernels share the SMs), which is no evidence of a link."""
+    out: set[str] = set()
+    host = shape.host_of_slot
+    # a blind job's suspects are only late, which a slow NIC makes them too: no evidence
+    suspects = np.flatnonzero(s.suspect[: host.size]) if not s.blind else np.zeros(0, int)
+    for slot in suspects.tolist():
+        if host[slot] >= 0:
+            out.add(shape.hosts[host[slot]])
+    for (kind, _), info in opened.items():
+        if kind in COMPUTE_KINDS:
+            out.update(h for h in info.hosts if h)
+    return out

@@ -63,6 +63,7 @@ class JobPipeline:
             window=window,
             baseline_frames=baseline_frames,
             baseline_block=baseline_block,
+            warmup=warmup_frames,
         )
         self.conditions = Conditions(
             history=self.history,
@@ -151,8 +152,10 @@ class JobPipeline:
         onset_index: int | None,
         onset_ns: int,
         host_index: int | None = None,
+        chronic: bool = False,
     ) -> None:
-        """Resume an incident that was open before a restart."""
+        """Resume an incident that was open before a restart (``chronic``: slow since its
+        subject's first frames, ``detectors/chronic.py``)."""
         self.conditions.seed_open(
             IncidentKind(kind),
             subject,
@@ -162,6 +165,8 @@ class JobPipeline:
             onset_ns=onset_ns,
             host_index=host_index,
         )
+        if chronic and (kind, subject) in self.conditions.opened:
+            self.conditions.opened[(IncidentKind(kind), subject)].extra["chronic"] = True
 
     # -- processing ----------------------------------------------------------------------------
     def process(self, frame: Frame, shape: JobShape) -> list[Finding]:
@@ -195,6 +200,7 @@ class JobPipeline:
         )
         self.last_scores, self.last_links = scores, links
         cond.reporter.observe(shape, scores, links)
+        cond.reporter.lopsided = self.lopsided
         hist.record(frame, scores, nodes, links, n_comms)
         if frame.has_steps and np.isfinite(scores.frame_time):
             cond.job_cpd.update(scores.frame_time)

@@ -12,14 +12,16 @@ from failslow.detectors.defaults import DEFAULTS
 from failslow.detectors.findings import Finding, rounded, severity_of
 from failslow.detectors.hang import HangFinding, HangSnapshot
 from failslow.detectors.history import FrameHistory, median
-from failslow.detectors.hosts import host_outlier_scores
+from failslow.detectors.hosts import host_outliers
+from failslow.detectors.impact import critical_path, impact
 from failslow.detectors.lifecycle import ConditionTracker
 from failslow.detectors.link import LinkScores
-from failslow.detectors.robust import group_median, quiet_nan
+from failslow.detectors.robust import quiet_nan
 from failslow.detectors.straggler import FrameScores
 from failslow.detectors.types import Frame, JobShape
 from failslow.detectors.vocab import FindingStatus, IncidentKind, Subject
 
+BEFORE = 20  # frames before an onset whose step times bound what the condition costs
 CONTAMINATED = 1.1  # a healthy level this far above the rank's fastest recent block is not one
 
 # the numbers of a report: (job slowdown, subject slowdown, confidence, reason, evidence)
@@ -53,14 +55,6 @@ def fading(last: Numbers | None, now: float) -> bool:
     return not np.isfinite(now) or now - 1.0 < 0.5 * (last[1] - 1.0)
 
 
-def impact(slowdown: float, attributed: float | None) -> float:
-    """What the condition costs the job: the larger of the job's slowdown against its baseline
-    and the share of its step time the culprit's peers wait for it (either can miss: a baseline
-    learned late, lateness hidden inside a group that waits together)."""
-    known = [x for x in (slowdown, attributed) if x is not None and np.isfinite(x)]
-    return max(known) if known else float("nan")
-
-
 class Reporter:
     """Turns open conditions into findings. Reads the history; changes nothing but the
     conditions' remembered numbers."""
@@ -82,6 +76,7 @@ class Reporter:
         self.shape: JobShape | None = None
         self.scores: FrameScores | None = None
         self.links: LinkScores | None = None
+        self.lopsided = False  # a plan gives ranks unequal work now (set by the pipeline)
 
     def observe(self, shape: JobShape, scores: FrameScores, links: LinkScores) -> None:
         """The frame being processed (host outliers are computed on it)."""
@@ -108,12 +103,9 @@ class Reporter:
                 info, since, recent, frame, frame_time
             )
             evidence.update(ev)
-            late_s = ev.get("lateness_s") or 0.0
-            if np.isfinite(job_now) and job_now > late_s:
-                evidence["step_time_without_culprit_s"] = rounded(job_now - late_s, 6)
-                evidence["attributed_slowdown"] = rounded(job_now / (job_now - late_s))
+            evidence.update(self._cost(info, since, recent))
         elif info.kind == IncidentKind.SLOW_NODE:
-            subject_slowdown, reason = self._node(info, recent, job_now, evidence)
+            subject_slowdown, reason = self._node(info, since, recent, evidence)
         elif info.kind == IncidentKind.SLOW_LINK:
             subject_slowdown, reason = self._link(info, recent, evidence)
         else:  # job_slowdown
@@ -132,13 +124,17 @@ class Reporter:
                     "evidence_frames": hist.evidence_frames(),
                 }
             )
+        if info.extra.get("chronic"):
+            evidence["chronic"] = True  # slow since its first frames (detectors/chronic.py)
         if status is FindingStatus.OPENED and info.kind in (
             IncidentKind.SLOW_NODE,
             IncidentKind.SLOW_LINK,
         ):
             evidence["host_outliers"] = self.host_outliers(info.hosts)
         if info.last is not None and (
-            status is FindingStatus.RESOLVED or fading(info.last, subject_slowdown)
+            status is FindingStatus.RESOLVED
+            or fading(info.last, subject_slowdown)
+            or self._recovered(info, recent)
         ):  # report what the fault was, not the recovered frames awaiting hysteresis
             slowdown, subject_slowdown, confidence, reason, evidence = info.last
             evidence = dict(evidence)
@@ -178,7 +174,7 @@ class Reporter:
         )
 
     def _node(
-        self, info: OpenCondition, recent: np.ndarray, job_now: float, evidence: dict[str, Any]
+        self, info: OpenCondition, since: np.ndarray, recent: np.ndarray, evidence: dict[str, Any]
     ) -> tuple[float, str]:
         hist = self.history
         members = list(info.slots)
@@ -199,9 +195,41 @@ class Reporter:
                 "method": "compute vs cross-host role peers, majority of the host's ranks",
             }
         )
-        if np.isfinite(job_now) and np.isfinite(late) and job_now > late:
-            evidence["attributed_slowdown"] = rounded(job_now / (job_now - late))
+        evidence.update(self._cost(info, since, recent))
         return ratio, reason
+
+    def _recovered(self, info: OpenCondition, recent: np.ndarray) -> bool:
+        """A slow GPU or node none of whose ranks was slow in the recent frames."""
+        slots = [s for s in info.slots if s < self.history.n]
+        if info.kind not in (IncidentKind.SLOW_GPU, IncidentKind.SLOW_NODE) or not slots:
+            return False
+        h = self.history
+        return not (h.suspect[slots][:, recent] | h.elevated[slots][:, recent]).any()
+
+    def _cost(self, info: OpenCondition, since: np.ndarray, recent: np.ndarray) -> dict[str, Any]:
+        """The culprit's share of the job's critical path over the recent frames, bounded by
+        the job's step time before its onset (``detectors/impact.py``)."""
+        hist, slots = self.history, info.slots
+        chronic = bool(info.extra.get("chronic"))
+        kept = hist.positions(info.onset_pos - BEFORE)
+        before = kept[: max(0, len(kept) - len(since))]
+        culprit = np.zeros(hist.n, dtype=bool)
+        culprit[[s for s in slots if s < hist.n]] = True
+        # the latest frames in which it was slow: a fault fading out (recovered frames awaiting
+        # hysteresis) and a resolution report what it cost
+        slow = (hist.suspect[culprit][:, since] | hist.elevated[culprit][:, since]).any(axis=0)
+        recent = since[slow][-self.window :] if slow.any() else recent
+        # compute against role peers: in its own groups or on other hosts, whichever is slower
+        # (a slow node's ranks match their tensor-parallel peers on the same host)
+        ratio = np.fmax(hist.ratio[:, recent], hist.cross[:, recent])
+        cost = critical_path(hist.f_time[recent], hist.compute[:, recent], ratio,
+                             hist.late[:, recent], culprit, planned=self.lopsided,
+                             before=None if chronic else hist.f_time[before])  # fmt: skip
+        return {
+            "step_time_without_culprit_s": rounded(cost.without_s, 6),
+            "culprit_excess_s": rounded(cost.excess_s, 6),
+            "attributed_slowdown": rounded(cost.ratio),
+        }
 
     def _link(
         self, info: OpenCondition, recent: np.ndarray, evidence: dict[str, Any]
@@ -265,7 +293,10 @@ class Reporter:
         if np.isfinite(floor) and (not enough_before or not own_before <= CONTAMINATED * floor):
             own_before, enough_before = floor, True
         own_ok = np.isfinite(own_before) and own_before > 0 and np.isfinite(own_now)
-        if frame.has_steps and own_ok and enough_before:
+        if info.extra.get("chronic") and np.isfinite(ratio_now):
+            # slow since its first frame: it has no healthy level of its own to compare with
+            subject, basis = ratio_now, "compute time vs role peers (slow since its first frames)"
+        elif frame.has_steps and own_ok and enough_before:
             subject, basis = own_now / own_before, "own compute time now vs its healthy level"
         elif np.isfinite(ratio_now):
             subject, basis = ratio_now, "compute time vs role peers"
@@ -351,27 +382,5 @@ class Reporter:
         if shape is None or s is None or links is None or not hosts:
             return {}
         hist = self.history
-        n = min(s.compute.size, shape.host_of_slot.size)
-        host = shape.host_of_slot[:n]
-        p = (hist.count - 1) % hist.h
-        cross = hist.cross[:n, p].astype(np.float64)
-        late = s.late_fraction[:n]
-        feats = np.column_stack(
-            [
-                group_median(cross, host, shape.n_hosts),
-                group_median(late, host, shape.n_hosts),
-                np.nan_to_num(links.host_slow_fraction[: shape.n_hosts], nan=0.0),
-            ]
-        )
-        dist, pval = host_outlier_scores(feats)
-        out = {}
-        for h in hosts:
-            if h in shape.hosts:
-                i = shape.hosts.index(h)
-                out[h] = {"distance": rounded(dist[i], 2), "p_value": rounded(pval[i], 6)}
-        rank = np.argsort(-np.nan_to_num(dist, nan=-1.0))[:3]
-        return {
-            "hosts": out,
-            "most_unusual": [shape.hosts[i] for i in rank if np.isfinite(dist[i])],
-            "method": "robust Mahalanobis distance (MinCovDet) over per-host features",
-        }
+        cross = hist.cross[:, (hist.count - 1) % hist.h].astype(np.float64)
+        return host_outliers(shape, cross, s.late_fraction, links.host_slow_fraction, hosts)

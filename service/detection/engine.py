@@ -318,6 +318,7 @@ class DetectionEngine:
                 onset_index=row.onset_step,
                 onset_ns=row.onset_ns,
                 host_index=host_index,
+                chronic=bool((row.evidence or {}).get("chronic")),
             )
             rt.open[(kind, subject)] = row.id
         with session_scope(self.sessions) as s:

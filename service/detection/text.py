@@ -15,6 +15,9 @@ def _who(rank: int, info: dict[int, tuple[str | None, int | None]]) -> str:
 
 
 def _since(f: Finding) -> str:
+    if f.evidence.get("chronic"):
+        began = f" (step {f.onset_index})" if f.onset_index is not None else ""
+        return f"since the job began{began}"
     if f.onset_index is not None:
         return f"since step {f.onset_index}"
     return "since " + time.strftime("%H:%M:%S UTC", time.gmtime(f.onset_ns / 1e9))
@@ -22,6 +25,15 @@ def _since(f: Finding) -> str:
 
 def _job(f: Finding) -> str:
     return f"; job step time {(f.slowdown - 1) * 100:+.0f}%" if f.slowdown is not None else ""
+
+
+def _cost(f: Finding) -> str:
+    """What the culprit adds to the job's step time (its critical-path share), else the job's
+    slowdown against its baseline."""
+    cost = f.evidence.get("attributed_slowdown")
+    if cost is None:
+        return _job(f)
+    return f"; it adds {(cost - 1) * 100:.0f}% to the job's step time"
 
 
 def _pct(x: float | None) -> str:
@@ -34,12 +46,12 @@ def summary_for(
     if f.kind == IncidentKind.SLOW_GPU:
         who = _who(ranks[0], info) if ranks else "a rank"
         lead = f"{who[0].upper()}{who[1:]} is {_pct(f.subject_slowdown)} than its peers"
-        text = f"{lead} {_since(f)}{_job(f)}."
+        text = f"{lead} {_since(f)}{_cost(f)}."
     elif f.kind == IncidentKind.SLOW_NODE:
         text = (
             f"{hosts[0]} is slow: its {len(ranks)} GPUs compute {_pct(f.subject_slowdown)} "
             "than the same ranks "
-            f"on other hosts {_since(f)}{_job(f)}."
+            f"on other hosts {_since(f)}{_cost(f)}."
         )
     elif f.kind == IncidentKind.SLOW_LINK:
         edges = f.evidence.get("candidate_edges") or []

@@ -155,19 +155,34 @@ def test_isolated_hiccups_never_open() -> None:
 
 
 @pytest.mark.parametrize("kind", ["gpu", "job"])
-def test_three_frames_never_open_anything_however_strong(kind: str) -> None:
-    """Issue 16: a deviation of 3 steps or fewer is never an incident (one rank hiccuping
-    across a step boundary, two consecutive slow steps caused by different ranks)."""
+def test_three_frames_never_open_anything_short_of_severe(kind: str) -> None:
+    """Issue 16: a deviation of 3 steps or fewer is no incident (one rank hiccuping across a
+    step boundary, two consecutive slow steps caused by different ranks) unless it is severe."""
     w = World()
     w.healthy(30)
     for run in (1, 2, 3, 2, 3, 1):
         for _ in range(run):
             if kind == "gpu":
-                w.frame(slow=(2,), strong=(2,), ratio=3.0)
+                w.frame(slow=(2,), strong=(2,), ratio=1.8)  # strong, not twice its peers
             else:
                 w.frame(step_s=1.6)
         w.healthy(4)
     assert w.kinds(OPENED) == []
+
+
+def test_a_severe_straggler_opens_in_its_third_frame_and_two_frames_never() -> None:
+    """Issue 32: evidence in proportion to strength. A rank 3x its peers opens after 3 frames
+    in a row (delay 2); a stall of one rank spans at most two frames, which never open."""
+    w = World()
+    w.healthy(30)
+    for run in (1, 2, 1, 2):
+        for _ in range(run):
+            w.frame(slow=(2,), strong=(2,), ratio=3.0)
+        w.healthy(4)
+    assert w.kinds(OPENED) == []
+    for _ in range(3):
+        w.frame(slow=(2,), strong=(2,), ratio=3.0)
+    assert [k for _, k, _ in w.kinds(OPENED)] == [IncidentKind.SLOW_GPU]
 
 
 def test_hiccups_of_different_ranks_in_consecutive_steps_are_no_job_slowdown() -> None:

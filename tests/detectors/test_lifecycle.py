@@ -83,3 +83,23 @@ def test_a_longer_evidence_window_for_one_frame_at_a_time() -> None:
     assert run([o, o, o, x, o, x, x, o, x, x] * 3) == []  # 5 of 10 (4 of 5 at times)
     assert run([o, x, o, o, x, o, o, o, x, x, x]) == []  # 6 of 10
     assert run([o, x, o, o, x, o, o, o, o]) == [8]  # the 7th of the last 9
+
+
+def test_evidence_in_proportion_to_strength() -> None:
+    """Strong frames need 4 in a row, severe ones (a rank twice as slow) 3; a stall crossing a
+    step boundary (2 severe frames) opens nothing."""
+
+    def opened_at(strong: list[bool], severe: list[bool]) -> int | None:
+        t = ConditionTracker(window=5, open_after=5, resolve_after=3)
+        for i, (st, sv) in enumerate(zip(strong, severe, strict=True)):
+            one, sus = np.array([True]), np.array([st])
+            tr = t.update(sus, sus, one, sus, severe=np.array([sv]))
+            if tr.opened.size:
+                return i
+        return None
+
+    assert opened_at([True] * 6, [False] * 6) == 3
+    assert opened_at([True] * 6, [True] * 6) == 2
+    assert opened_at([True, True, False, True, True, False], [True, True, False] * 2) is None
+    # severe but not strong (the peers' verdict fails) is not evidence
+    assert opened_at([False] * 6, [True] * 6) is None

@@ -32,10 +32,13 @@ def test_slow_gpu_is_found_dated_and_sized(factor: float) -> None:
     assert [rank for rank, _ in opened] == [6]
     f = opened[0][1]
     assert f.onset_index == 50
-    # found in the 4th slow step, however strong: the least evidence (issue 16)
-    assert f.detected_index == 53
+    # found in the 4th slow step: the least evidence (issue 16); a rank twice as slow as its
+    # peers or more in its 3rd (issue 32: evidence in proportion to strength)
+    assert f.detected_index == (52 if factor >= 2 else 53)
     assert f.subject_slowdown == pytest.approx(factor, rel=0.03)
     assert f.slowdown is not None and 1.0 < f.slowdown <= factor * 1.05
+    # its share of the job's critical path is the job's slowdown: it is the only fault
+    assert f.evidence["attributed_slowdown"] == pytest.approx(f.slowdown, rel=0.1)
     assert f.detected_ns > f.onset_ns
 
 

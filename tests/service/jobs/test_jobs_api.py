@@ -105,10 +105,12 @@ def test_incident_lifecycle_over_rest(streamed) -> None:  # type: ignore[no-unty
     onset_ns = data["labels"]["faults"][0]["onset_ns"]
     # found in the fourth slow step: the least evidence for anything (issue 16)
     assert inc["onset_step"] == 40 and inc["detected_step"] == 43
-    # the job's step time hardly moved (pipeline bubbles absorb a last-stage rank 1.5x slow)
-    # and its peers hardly wait for it: minor, notified only
-    assert inc["slowdown"] < 1.05 and inc["severity"] == "minor"
-    assert (inc["evidence"].get("attributed_slowdown") or 1.0) < 1.05
+    # the resolved incident says what the fault cost while it lasted, not the recovered frames
+    # its resolution was decided on (it reported "+0%, minor" before issue 32): the simulator's
+    # own step times with and without it say 1.32x over steps 42-79
+    assert inc["slowdown"] == pytest.approx(1.32, abs=0.05)
+    assert inc["evidence"]["attributed_slowdown"] == pytest.approx(1.32, abs=0.05)
+    assert inc["severity"] == "major" and "adds 3" in inc["summary"]
     assert inc["detected_ns"] > onset_ns and inc["detected_ns"] - onset_ns < 3e9
     assert inc["resolved_ns"] > inc["detected_ns"] and inc["resolved_step"] >= 80
     assert "rank 6" in inc["summary"] and "since step 40" in inc["summary"]
