@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.eval import baselines, patterns, suite
+from bench.eval import baselines, concurrent, patterns, suite
 
 CULPRIT_KINDS = ("slow_gpu", "slow_node", "slow_link")
 
@@ -24,6 +24,13 @@ def matches(inc: dict[str, Any], fault: dict[str, Any]) -> bool:
     if kind in ("slow_node", "slow_nic", "slow_link", "dead_host"):
         return set(inc["hosts"]) == set(fault["hosts"])
     return True  # job_slowdown: no subject
+
+
+def dated(inc: dict[str, Any], fault: dict[str, Any]) -> bool:
+    """The incident's onset is the fault's, within ``concurrent.ONSET_TOLERANCE`` steps (hangs
+    have no onset step)."""
+    onset = inc.get("onset_step")
+    return onset is None or abs(onset - fault["start_step"]) <= concurrent.ONSET_TOLERANCE
 
 
 @dataclass
@@ -59,9 +66,13 @@ def score_case(case: suite.Case, labels: dict[str, Any], incidents: list[dict[st
             for i in incidents
         ],
     )
+    if concurrent.is_chronic(case.family):
+        concurrent.score_chronic(out, labels, incidents)
+        return out
     faults = labels["faults"]
     tolerance_ns = 2_000_000_000
     matched: set[int] = set()
+    found: list[tuple[bool, bool]] = []  # per fault: (detected, localized)
     for fault in faults:
         onset = fault["onset_ns"]
         hits = [
@@ -76,10 +87,12 @@ def score_case(case: suite.Case, labels: dict[str, Any], incidents: list[dict[st
             and onset is not None
             and i["detected_ns"] >= onset
         ]
-        out.detected = bool(hits or any_kind)
-        out.localized = bool(hits)
         for i in hits:
             matched.add(id(i))
+        if len(faults) > 1:  # concurrent: each placed on its own component at its own onset
+            hits = [i for i in hits if dated(i, fault)]
+        found.append((bool(hits or any_kind), bool(hits)))
+        out.detected, out.localized = all(d for d, _ in found), all(x for _, x in found)
         if hits:
             first = min(hits, key=lambda i: i["detected_ns"])
             out.delay_s = round((first["detected_ns"] - onset) / 1e9, 3)

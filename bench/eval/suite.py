@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, replace
 
-from bench.eval import patterns
+from bench.eval import concurrent, patterns
 from failslow.harness.simulator import Fault, Layout, Scenario
 from failslow.harness.simulator.model import Noise
 
@@ -190,6 +190,7 @@ def cases(*, quick: bool = False, seeds: int = 2, long_steps: int = 2000) -> lis
                 seed=seed,
             )
     patterns.cases(add, quick=quick, seeds=seeds, long_steps=long_steps, rng=random.Random(2027))
+    concurrent.cases(add, quick=quick, seeds=seeds)
     return out
 
 

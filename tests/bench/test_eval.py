@@ -90,3 +90,40 @@ def test_cusum_bound() -> None:
     # shift of one sigma, ARL 1000: log(1000) / 0.5 samples
     assert baselines.cusum_delay_bound(1.0, 1.0, 1000) == pytest.approx(2 * math.log(1000))
     assert math.isnan(baselines.cusum_delay_bound(0.0, 1.0, 1000))
+
+
+def _inc(kind: str, ranks: list[int], hosts: list[str], onset: int | None, det: int) -> dict:  # type: ignore[type-arg]
+    ns = 1_000_000_000
+    return {"kind": kind, "ranks": ranks, "hosts": hosts, "state": "open", "onset_step": onset,
+            "detected_step": det, "detected_ns": det * ns, "resolved_ns": None}  # fmt: skip
+
+
+def test_concurrent_and_chronic_cases_are_scored_on_placement_and_onset() -> None:
+    from bench.eval import concurrent, suite
+    from bench.eval.scoring import score_case
+
+    ns = 1_000_000_000
+    cases = {c.name: c for c in suite.cases(quick=True, seeds=1)}
+    pair = cases["concurrent-gpu-then-nic-64r-s0"]
+    labels = {"faults": [dict(f.label(), onset_ns=f.start_step * ns, end_ns=None)
+                         for f in pair.scenario.faults]}  # fmt: skip
+    right = [_inc("slow_gpu", [9], ["node-001"], 60, 63),
+             _inc("slow_link", [], ["node-005"], 100, 103)]  # fmt: skip
+    scored = score_case(pair, labels, right)
+    assert scored.localized and scored.delay_steps == 3 and scored.false_incidents == 0
+    # the second fault dated at the first one's onset: found, not placed right in time
+    misdated = [right[0], _inc("slow_link", [], ["node-005"], 60, 103)]
+    assert not score_case(pair, labels, misdated).localized
+    # the NIC blamed on the wrong host: missed, and a false incident
+    wrong = [right[0], _inc("slow_link", [], ["node-001"], 100, 103)]
+    s = score_case(pair, labels, wrong)
+    assert not s.localized and s.false_incidents == 1
+
+    chronic = cases["chronic-32r-s0"]
+    clabels = {"faults": [f.label() for f in chronic.scenario.faults]}
+    since_start = [_inc("slow_gpu", [3], ["node-000"], 0, 77)]
+    assert score_case(chronic, clabels, since_start).false_incidents == 0
+    invented = [_inc("slow_gpu", [3], ["node-000"], 74, 77)]  # the peers' change as its onset
+    s = score_case(chronic, clabels, invented)
+    assert s.false_incidents == 1 and not s.localized
+    assert concurrent.is_chronic(chronic.family)
