@@ -25,12 +25,11 @@ class Defaults:
     # this is never an incident (a hiccup, a checkpoint, one rank stalling across a step
     # boundary). Even far past the thresholds ("strong") a condition needs this many in a row.
     min_evidence: int = 4
-    # ... except a severe one: a rank at least twice as slow as its peers (or its peers waiting
-    # half a step for it) in this many steps in a row opens (issue 32: a 3x straggler waited as
-    # long as a 1.2x one). Not fewer: one stall crossing a step boundary spans two frames.
+    # ... except a severe one: a rank at least twice as slow as its peers in this many steps in
+    # a row opens (issue 32: a 3x straggler waited as long as a 1.2x one). Not fewer: one stall
+    # crossing a step boundary spans two frames.
     severe_evidence: int = 3
     severe_ratio: float = 2.0  # compute vs role peers from which a suspect frame is severe
-    severe_late: float = 0.5  # ... or the share of the step its peers wait for it
     window: int = 5  # frames in the sliding decision window
     # A small job (< 8 ranks) whose ranks' compute ratios spread by this much (pooled robust
     # spread; shared CPUs) has ranks 2-3x slow for a few frames with nothing wrong (4-5 suspect

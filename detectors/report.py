@@ -198,13 +198,17 @@ class Reporter:
         evidence.update(self._cost(info, since, recent))
         return ratio, reason
 
+    def _slow(self, slots: tuple[int, ...], pos: np.ndarray) -> np.ndarray:
+        """Per frame of ``pos``: whether any of ``slots`` was suspect or elevated."""
+        h = self.history
+        mine = [s for s in slots if s < h.n]
+        return (h.suspect[mine][:, pos] | h.elevated[mine][:, pos]).any(axis=0)
+
     def _recovered(self, info: OpenCondition, recent: np.ndarray) -> bool:
         """A slow GPU or node none of whose ranks was slow in the recent frames."""
-        slots = [s for s in info.slots if s < self.history.n]
-        if info.kind not in (IncidentKind.SLOW_GPU, IncidentKind.SLOW_NODE) or not slots:
+        if info.kind not in (IncidentKind.SLOW_GPU, IncidentKind.SLOW_NODE) or not info.slots:
             return False
-        h = self.history
-        return not (h.suspect[slots][:, recent] | h.elevated[slots][:, recent]).any()
+        return not self._slow(info.slots, recent).any()
 
     def _cost(self, info: OpenCondition, since: np.ndarray, recent: np.ndarray) -> dict[str, Any]:
         """The culprit's share of the job's critical path over the recent frames, bounded by
@@ -217,7 +221,7 @@ class Reporter:
         culprit[[s for s in slots if s < hist.n]] = True
         # the latest frames in which it was slow: a fault fading out (recovered frames awaiting
         # hysteresis) and a resolution report what it cost
-        slow = (hist.suspect[culprit][:, since] | hist.elevated[culprit][:, since]).any(axis=0)
+        slow = self._slow(slots, since)
         recent = since[slow][-self.window :] if slow.any() else recent
         # compute against role peers: in its own groups or on other hosts, whichever is slower
         # (a slow node's ranks match their tensor-parallel peers on the same host)

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.eval.concurrent import CHRONIC, EPISODE
 from failslow.detectors.chronic import chronic
 from failslow.detectors.vocab import FindingStatus, IncidentKind, Severity
 from failslow.harness.simulator import Fault, Layout, Scenario
@@ -23,15 +24,6 @@ from failslow.service.detection.text import summary_for
 from tests.simrun import run
 
 LAYOUT = Layout(tp=1, pp=1, dp=16, gpus_per_host=4)
-CHRONIC = (
-    Fault("slow_gpu", 0, factor=1.12, ranks=(3,)),
-    Fault("slow_gpu", 0, factor=1.08, ranks=(9,)),
-    Fault("slow_gpu", 0, factor=1.15, ranks=(14,)),
-    # the others get 10% faster at step 74; rank 3 does not (its own time stays what it was)
-    Fault("job_slowdown", 74, factor=0.9),
-    Fault("slow_gpu", 74, factor=1 / 0.9, ranks=(3,)),
-)
-EPISODE = Fault("slow_gpu", 120, 134, factor=2.0, ranks=(5,))
 
 
 def step_time(scenario: Scenario, lo: int, hi: int) -> float:
