@@ -194,7 +194,7 @@ class Conditions:
             if s.shaky
             else None
         )
-        # twice as slow as its peers: 3 frames in a row open (not in a small job on shared
+        # 1.4x as slow as its peers: 3 frames in a row open (not in a small job on shared
         # CPUs, whose ranks run 2-3x for a few frames with nothing wrong, nor a blind one)
         severe = None if s.shaky or s.blind else s.compute_ratio >= DEFAULTS.severe_ratio
         trans = self.gpus.update(suspect, v.elevated, np.isfinite(s.late), v.strong,
@@ -284,7 +284,11 @@ class Conditions:
             if np.isfinite(slowdown)
             and slowdown >= 1.0 / (1.0 - 3.0 * (1.0 - self.links.slow_ratio))
         }
-        opened, resolved = self.link_keys.update(suspects, elevated, strong)
+        # a link whose transfers take twice as long: 3 frames in a row open (not in a small job
+        # on shared CPUs, whose collectives stall with its ranks' scheduling)
+        bad = DEFAULTS.severe_link
+        severe = None if s.shaky else {k for k in strong if links.suspects[k][1] >= bad}
+        opened, resolved = self.link_keys.update(suspects, elevated, strong, severe)
         out = []
         for subject in opened:
             hosts, _slow, edges = links.suspects.get(subject, ((), float("nan"), ()))

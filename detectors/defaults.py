@@ -25,11 +25,13 @@ class Defaults:
     # this is never an incident (a hiccup, a checkpoint, one rank stalling across a step
     # boundary). Even far past the thresholds ("strong") a condition needs this many in a row.
     min_evidence: int = 4
-    # ... except a severe one: a rank at least twice as slow as its peers in this many steps in
-    # a row opens (issue 32: a 3x straggler waited as long as a 1.2x one). Not fewer: one stall
-    # crossing a step boundary spans two frames.
+    # ... except a severe one: a rank at least 1.4x as slow as its peers (a node's ranks, a
+    # link's transfers 2x) in this many steps in a row opens (issue 32: a 3x straggler waited as
+    # long as a 1.2x one; >= 1.5x faults are to be named within 2 steps of their onset). Not
+    # fewer: one stall crossing a step boundary spans two frames.
     severe_evidence: int = 3
-    severe_ratio: float = 2.0  # compute vs role peers from which a suspect frame is severe
+    severe_ratio: float = 1.4  # compute vs role peers from which a suspect frame is severe
+    severe_link: float = 2.0  # transfer slowdown from which a suspect link frame is severe
     window: int = 5  # frames in the sliding decision window
     # A small job (< 8 ranks) whose ranks' compute ratios spread by this much (pooled robust
     # spread; shared CPUs) has ranks 2-3x slow for a few frames with nothing wrong (4-5 suspect
@@ -47,7 +49,9 @@ class Defaults:
     baseline_block: int = 10  # frames per baseline block
     history: int = 64  # frames of per-rank history kept for dating and reports
     update_every: int = 5  # frames between reports on open conditions
-    hang_floor_s: float = 2.0  # shortest time a collective may block before it is hung
+    # shortest time a collective may block before it is hung (besides 3 step times): 2 s named
+    # the hangs of a 0.35 s-step job after ~6 steps (issue 32)
+    hang_floor_s: float = 1.0
     hang_startup_s: float = 60.0  # how long a communicator's first collective may block
     dead_after_s: float = 5.0  # event time without envelopes after which a host is dead
     # Severity from the measured impact (the job's step time against its baseline): below

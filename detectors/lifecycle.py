@@ -105,7 +105,7 @@ class ConditionTracker:
         ``window``. By default that is ``min_evidence`` (4) frames: a strong deviation of 3 steps
         or fewer opens nothing (a hiccup is not an incident). ``evidence``: ``(window,
         open_after)`` for this frame instead of the tracker's (up to ``KEEP`` frames).
-        ``severe``: strong suspects far past even that (a rank twice as slow as its peers):
+        ``severe``: strong suspects far past even that (a rank 1.4x as slow as its peers):
         ``severe_after`` (3) consecutive ones open — evidence in proportion to its strength; a
         stall of one rank spans at most two frames (it can cross a step boundary).
         """
@@ -196,9 +196,14 @@ class KeyedTracker(Generic[K]):
         return i is not None and bool(self.tracker.open[i])
 
     def update(
-        self, suspect: set[K], elevated: set[K], strong: set[K] | None = None
+        self,
+        suspect: set[K],
+        elevated: set[K],
+        strong: set[K] | None = None,
+        severe: set[K] | None = None,
     ) -> tuple[list[K], list[K]]:
-        """Advance one frame for every known subject; returns (opened, resolved) keys."""
+        """Advance one frame for every known subject; returns (opened, resolved) keys.
+        ``severe``: see :meth:`ConditionTracker.update` (None: nothing is)."""
         strong = strong or set()
         for key in suspect | elevated:
             self._slot(key)
@@ -206,5 +211,6 @@ class KeyedTracker(Generic[K]):
         sus = np.array([k in suspect for k in self.names], dtype=bool)
         ele = np.array([k in elevated for k in self.names], dtype=bool)
         stg = np.array([k in strong for k in self.names], dtype=bool)
-        tr = self.tracker.update(sus, ele | sus, np.ones(n, dtype=bool), stg)
+        sev = None if severe is None else np.array([k in severe for k in self.names], dtype=bool)
+        tr = self.tracker.update(sus, ele | sus, np.ones(n, dtype=bool), stg, severe=sev)
         return [self.names[i] for i in tr.opened], [self.names[i] for i in tr.resolved]

@@ -37,7 +37,7 @@ from failslow.detectors.localise import (
     localise,
 )
 from failslow.detectors.robust import nanmedian_rows
-from failslow.detectors.types import P2P, Frame, JobShape
+from failslow.detectors.types import SEND_RECV_KINDS, Frame, JobShape
 from failslow.detectors.vocab import Subject
 
 
@@ -207,7 +207,7 @@ class LinkDetector:
         ch_comm, ch_host = shape.ch_comm[keep], shape.ch_host[keep]
         cross = np.bincount(ch_comm, minlength=n_comms) >= 2  # distinct hosts per comm
         if not timed_p2p:
-            cross &= shape.comm_kind[:n_comms] != P2P
+            cross &= ~np.isin(shape.comm_kind[:n_comms], SEND_RECV_KINDS)
         busbw = bus_bandwidth(
             frame.comm_bytes[:n_comms], np.ones(n_comms), frame.comm_transfer[:n_comms]
         )

@@ -342,7 +342,32 @@ class Reporter:
             "suspect_frames": suspects,
             "window": self.window,
         }
+        if self._link_alike(slot, ratio_now, info, frame):
+            # late, but computing no slower than its role peers, or communicating for all but
+            # its whole step (compute unknown): what a slow NIC under its host looks like as
+            # well (its peers wait for its transfers, its own step stretches). Passive data
+            # cannot tell these apart: say so (issue 32).
+            evidence["ambiguous"] = True
+            evidence["candidates"] = [
+                {"kind": IncidentKind.SLOW_GPU.value, "hosts": list(info.hosts)},
+                {"kind": IncidentKind.SLOW_LINK.value, "hosts": list(info.hosts)},
+            ]
+            confidence = min(confidence, 0.5)
+            reason += "; as a slow network link of its host would (passive data cannot tell)"
         return subject, confidence, reason, evidence
+
+    def _link_alike(self, slot: int, ratio_now: float, info: OpenCondition, frame: Frame) -> bool:
+        """A slow GPU not seen computing slower than its role peers, on a networked host (not
+        in a job whose compute is never observable: there ``on_slow_nic`` decides)."""
+        shape, s = self.shape, self.scores
+        if shape is None or s is None or s.blind or not frame.has_steps:
+            return False
+        if ratio_now >= DEFAULTS.compute_ratio or info.extra.get("chronic"):
+            return False
+        if slot >= shape.host_of_slot.size:
+            return False
+        host = int(shape.host_of_slot[slot])
+        return host >= 0 and shape.networked(host)
 
     # -- hangs ---------------------------------------------------------------------------------
     def hang_finding(

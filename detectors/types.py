@@ -13,6 +13,10 @@ from failslow.detectors.vocab import CommKind
 KINDS: tuple[CommKind, ...] = tuple(CommKind)
 KIND_INDEX: dict[str, int] = {k: i for i, k in enumerate(KINDS)}
 P2P = KIND_INDEX[CommKind.P2P]
+# Communicators that carry send/recv: our SDK announces a pipeline's channels as ``p2p``, other
+# instrumentation (Megatron's process groups, an NCCL-level tracer) as ``pp``; both are timed the
+# same way, so every rule about p2p timing holds for both (issue 32)
+SEND_RECV_KINDS = np.array([P2P, KIND_INDEX[CommKind.PP]], dtype=np.int64)
 WORLD = KIND_INDEX[CommKind.WORLD]
 
 
@@ -98,6 +102,10 @@ class JobShape:
     @property
     def n_hosts(self) -> int:
         return len(self.hosts)
+
+    def networked(self, host: int) -> bool:
+        """Whether ``host`` is in a communicator spanning hosts (its NIC carries the job)."""
+        return any(host in hs and len(hs) >= 2 for hs in self.comm_hosts)
 
     @staticmethod
     def empty(n_slots: int = 0) -> JobShape:

@@ -9,6 +9,7 @@ import signal
 import time
 from typing import Any
 
+from failslow.detectors.vocab import IncidentKind
 from failslow.harness.lab.report import EXPECTED, FaultResult, LabFault
 from failslow.harness.lab.system import CpuQuota
 
@@ -31,11 +32,23 @@ class FaultRunner:
 
     @staticmethod
     def matches(fault: str, inc: dict[str, Any], rank: int, host: str) -> bool:
+        if fault == LabFault.LINK and FaultRunner.link_or_gpu(inc, host):
+            return True
         if inc["kind"] != EXPECTED[fault]:
             return False
         if fault == LabFault.LINK:  # a NIC or a host pair; longer lists (ambiguous) are not
             return host in inc.get("hosts", []) and len(inc.get("hosts", [])) <= 2
         return list(inc.get("ranks", [])) == [rank]
+
+    @staticmethod
+    def link_or_gpu(inc: dict[str, Any], host: str) -> bool:
+        """A ``slow_gpu`` that says passive data cannot tell it from its host's slow link (agents
+        outside the namespaces run no probes to tell): right for a link fault of that host."""
+        candidates = (inc.get("evidence") or {}).get("candidates") or []
+        return inc["kind"] == IncidentKind.SLOW_GPU and any(
+            c.get("kind") == IncidentKind.SLOW_LINK and host in c.get("hosts", [])
+            for c in candidates
+        )
 
     # -- faults --------------------------------------------------------------------------------
     def inject(self, fault: str, i: int) -> None:

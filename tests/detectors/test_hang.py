@@ -57,26 +57,30 @@ def test_roots_are_sinks_a_rank_that_waits_for_another_is_never_one() -> None:
 
 
 def test_a_member_whose_peers_just_completed_is_not_stuck_yet() -> None:
-    # 1 waited 3 s for 0, who arrived and finished 1.5 s ago: 1's own end record may still be
+    # (a 2 s floor, the default until issue 32) 1 waited 3 s for 0, who arrived and finished
+    # 1.5 s ago: 1's own end record may still be
     # on its way (the clock starts at the peers' completion, not at 1's entry)
     a = blocked("dp", (0, 1), {0: NOW - 2 * S, 1: NOW - 3 * S}, {0: NOW - 3 * S // 2})
-    assert HangDetector().analyse(snap(a)) is None
+    hd = HangDetector(floor_s=2.0)
+    assert hd.analyse(snap(a)) is None
     later = HangSnapshot(NOW + S, (a,), {0: "h0", 1: "h0"}, {"h0": NOW + S}, NOW - 5 * S, 0.4)
-    f = HangDetector().analyse(later)  # 2.5 s after the peers: past the 2 s floor
+    f = hd.analyse(later)  # 2.5 s after the peers: past the 2 s floor
     assert f is not None and f.roots == (1,) and "stuck inside" in f.reason
     assert f.detected_ns == NOW - 3 * S // 2 + 2 * S
 
 
 def test_a_straggler_that_still_completes_work_is_not_a_hang() -> None:
-    # 3 has waited 2.5 s in dp for 1, which computes slowly but finished a tp collective 0.6 s ago
+    # (a 2 s floor) 3 has waited 2.5 s in dp for 1, which computes slowly but finished a tp
+    # collective 0.6 s ago
+    hd = HangDetector(floor_s=2.0)
     a = blocked("dp", (1, 3), {3: NOW - 5 * S // 2})
-    assert HangDetector().analyse(snap(a, last_end={1: NOW - 6 * S // 10})) is None
-    f = HangDetector().analyse(snap(a, last_end={1: NOW - 7 * S // 2}))  # quiet for 3.5 s
+    assert hd.analyse(snap(a, last_end={1: NOW - 6 * S // 10})) is None
+    f = hd.analyse(snap(a, last_end={1: NOW - 7 * S // 2}))  # quiet for 3.5 s
     assert f is not None and f.roots == (1,)
     assert f.detected_ns == NOW - S // 2  # when dp passed the 2 s floor (1 was quiet by then)
-    f = HangDetector().analyse(snap(a, last_end={1: NOW - 22 * S // 10}))
+    f = hd.analyse(snap(a, last_end={1: NOW - 22 * S // 10}))
     assert f is not None and f.detected_ns == NOW - 2 * S // 10  # when 1 had been quiet 2 s
-    assert HangDetector().analyse(snap(a)) is not None  # nothing ever heard from 1: quiet
+    assert hd.analyse(snap(a)) is not None  # nothing ever heard from 1: quiet
 
 
 def test_a_missing_rank_waiting_in_a_younger_collective_is_followed() -> None:
@@ -92,7 +96,7 @@ def test_a_missing_rank_waiting_in_a_younger_collective_is_followed() -> None:
 
 
 def test_young_collectives_are_not_hangs() -> None:
-    a = blocked("tp", (0, 1), {0: NOW - S})  # 1 s: under the 2 s floor and 2 step times
+    a = blocked("tp", (0, 1), {0: NOW - S})  # 1 s: under 3 step times (0.4 s each)
     assert HangDetector().analyse(snap(a)) is None
 
 

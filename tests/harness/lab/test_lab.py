@@ -18,6 +18,7 @@ import pytest
 from failslow.cli import main as cli_main
 from failslow.harness.lab import cli as lab_cli
 from failslow.harness.lab import system
+from failslow.harness.lab.faulting import FaultRunner
 from failslow.harness.lab.report import table
 from tests.e2e.procs import env_for, start_service, stop
 from tests.live import free_port
@@ -42,6 +43,27 @@ def test_lab_rejects_bad_arguments(
     monkeypatch.setattr(lab_cli, "preflight", lambda: [])
     assert cli_main(["lab", *argv]) == 2
     assert "failslow lab:" in capsys.readouterr().err
+
+
+def test_a_link_fault_matches_a_gpu_incident_only_where_it_names_the_link_too() -> None:
+    """Issue 32: agents outside the namespaces run no probes; a slow GPU that says passive data
+    cannot tell it from its host's link is the right answer for that host's link fault."""
+    match = FaultRunner.matches
+    link = {"kind": "slow_link", "hosts": ["node-1"], "ranks": []}
+    gpu = {"kind": "slow_gpu", "hosts": ["node-1"], "ranks": [1], "evidence": {}}
+    both = dict(
+        gpu,
+        evidence={
+            "ambiguous": True,
+            "candidates": [
+                {"kind": "slow_gpu", "hosts": ["node-1"]},
+                {"kind": "slow_link", "hosts": ["node-1"]},
+            ],
+        },
+    )
+    assert match("link", link, 1, "node-1") and match("link", both, 1, "node-1")
+    assert not match("link", gpu, 1, "node-1") and not match("link", both, 2, "node-2")
+    assert match("compute", gpu, 1, "node-1") and match("compute", both, 1, "node-1")
 
 
 def test_table_reports_every_fault_and_every_false_incident() -> None:

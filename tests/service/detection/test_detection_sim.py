@@ -32,9 +32,9 @@ def test_slow_gpu_is_found_dated_and_sized(factor: float) -> None:
     assert [rank for rank, _ in opened] == [6]
     f = opened[0][1]
     assert f.onset_index == 50
-    # found in the 4th slow step: the least evidence (issue 16); a rank twice as slow as its
+    # found in the 4th slow step: the least evidence (issue 16); a rank 1.4x as slow as its
     # peers or more in its 3rd (issue 32: evidence in proportion to strength)
-    assert f.detected_index == (52 if factor >= 2 else 53)
+    assert f.detected_index == (52 if factor >= 1.4 else 53)
     assert f.subject_slowdown == pytest.approx(factor, rel=0.03)
     assert f.slowdown is not None and 1.0 < f.slowdown <= factor * 1.05
     # its share of the job's critical path is the job's slowdown: it is the only fault
@@ -100,7 +100,7 @@ def test_64_rank_default_layout() -> None:
     r = run(
         Scenario(steps=90, noise=NOISY, faults=(Fault("slow_gpu", 50, factor=1.5, ranks=(37,)),))
     )
-    assert [(rk, f.detected_index) for rk, f in r.opened()] == [(37, 53)]
+    assert [(rk, f.detected_index) for rk, f in r.opened()] == [(37, 52)]  # severe: 3rd step
     assert r.onset("slow_gpu", r.opened()[0][1].subject) == 50
 
 
