@@ -1,6 +1,8 @@
 """Probe campaigns: scheduled by the service, run by the node agents, fed back into incidents.
 
-A campaign starts for an open ``slow_link`` incident that has not been probed: among its hosts
+A campaign starts for an open ``slow_link`` incident that has not been probed, or a ``slow_gpu``
+that passive data could not tell from its host's slow link (``evidence.ambiguous``; its ranks and
+host stay, the probes' note says which it is): among its hosts
 when passive data could not pin it to one NIC or one host pair (``evidence.ambiguous``, or more
 than two hosts); with up to ``partners`` other hosts of the job when it names one cable or one NIC
 (passive data may not tell a cable from either end's NIC: in a pipeline, a host's other
@@ -192,13 +194,18 @@ class ProbeManager:
                 hangs.setdefault(job, []).append(inc)
             rows = s.scalars(
                 select(Incident).where(
-                    Incident.state == IncidentState.OPEN, Incident.kind == IncidentKind.SLOW_LINK
+                    Incident.state == IncidentState.OPEN,
+                    Incident.kind.in_((IncidentKind.SLOW_LINK, IncidentKind.SLOW_GPU)),
                 )
             ).all()
+            # a slow GPU is probed only where passive data could not tell it from its host's
+            # slow link (``evidence.ambiguous``, detectors/report.py): probes of its host's NIC
+            # decide (issue 32)
             wanted = [
                 (r.job_id, r.id, list(r.hosts), (r.evidence or {}).get("candidate_edges") or [])
                 for r in rows
                 if "probes" not in (r.evidence or {})
+                and (r.kind == IncidentKind.SLOW_LINK or (r.evidence or {}).get("ambiguous"))
             ]
         with self._lock:
             self.hangs = hangs
@@ -292,7 +299,13 @@ class ProbeManager:
                     return
                 if conclusion["component"]:
                     conclusion["note"] = probe_note(conclusion)
-                    inc.hosts = list(conclusion["hosts"])  # type: ignore[call-overload]
+                    if inc.kind == IncidentKind.SLOW_LINK:  # a GPU's ranks keep their host
+                        inc.hosts = list(conclusion["hosts"])  # type: ignore[call-overload]
+                elif inc.kind == IncidentKind.SLOW_GPU and clears(conclusion, list(inc.hosts)):
+                    conclusion["note"] = (
+                        f"Active probes: the network links of {', '.join(inc.hosts)} are not"
+                        f" slow ({conclusion.get('reason')}): its GPU, not its link."
+                    )
                 inc.evidence = {**(inc.evidence or {}), "probes": conclusion}
                 inc.summary = add_notes(inc.summary, inc.evidence)
                 inc.updated_ns = now
@@ -307,3 +320,16 @@ def probe_note(conclusion: dict[str, Any]) -> str:
         return f"Active probes: the NIC of {comp[5:]} ({conclusion.get('reason')})."
     a, _, b = comp[5:].partition("|")
     return f"Active probes: the link between {a} and {b} ({conclusion.get('reason')})."
+
+
+def clears(conclusion: dict[str, Any], hosts: list[str]) -> bool:
+    """Whether probes found the links of ``hosts`` fine: no pair slow, two or more measured
+    through each of them (too few to compare says nothing)."""
+    pairs = conclusion.get("pairs") or []
+    if any(p.get("slow") for p in pairs):
+        return False
+    through = [
+        sum(1 for p in pairs if p.get("bps") and h in (p["a"], p["b"]) and "slow" in p)
+        for h in hosts
+    ]
+    return bool(through) and min(through) >= 2

@@ -152,6 +152,65 @@ def test_a_single_slow_cable_is_told_from_a_slow_nic_at_one_end(service: str, db
     assert inc["hosts"] == ["h2"] and "Active probes: the NIC of h2" in inc["summary"]
 
 
+def _open_gpu_or_link(db_url: str, *, ambiguous: bool) -> str:
+    """A slow GPU on h2 that passive data could (or could not) tell from h2's slow NIC."""
+    cands = [{"kind": "slow_gpu", "hosts": ["h2"]}, {"kind": "slow_link", "hosts": ["h2"]}]
+    evidence = {"ambiguous": True, "candidates": cands} if ambiguous else {}
+    with session_scope(make_sessionmaker(make_engine(db_url))) as s:
+        inc, _ = open_incident(
+            s,
+            draft=IncidentDraft(
+                job=JOB, kind="slow_gpu", subject="slot:2", ranks=[2], hosts=["h2"],
+                slowdown=1.3, subject_slowdown=1.3, confidence=0.5, onset_ns=T0,
+                detected_ns=T0, onset_step=None, detected_step=None,
+                summary="Rank 2 on h2 is 30% slower than its peers, or the network link of h2"
+                " is slow.", evidence=evidence,
+            ),
+            now_ns=T0,
+        )  # fmt: skip
+        return inc.id
+
+
+@pytest.mark.parametrize("slow", ["h2", None])
+def test_probes_decide_a_slow_gpu_that_may_be_its_hosts_link(
+    service: str, db_url: str, slow: str | None
+) -> None:
+    """Issue 32: a slow GPU that passive data cannot tell from its host's slow NIC is probed;
+    the probes say which. The incident keeps its rank and host either way."""
+    incident = _open_gpu_or_link(db_url, ambiguous=True)
+    workers = _workers(service, slow=slow)
+    try:
+        assert wait_for(
+            lambda: "probes" in httpx.get(f"{service}/v1/incidents/{incident}").json()["evidence"],
+            timeout=60,
+        )
+    finally:
+        for w in workers:
+            w.stop()
+    inc = httpx.get(f"{service}/v1/incidents/{incident}").json()
+    assert (inc["kind"], inc["ranks"], inc["hosts"]) == ("slow_gpu", [2], ["h2"])
+    probes = inc["evidence"]["probes"]
+    if slow:
+        assert probes["component"] == "host:h2", probes["pairs"]
+        assert "Active probes: the NIC of h2" in inc["summary"]
+    else:
+        assert probes["component"] is None, probes["pairs"]
+        assert "Active probes: the network links of h2 are not slow" in inc["summary"]
+        assert "its GPU, not its link" in inc["summary"]
+
+
+def test_a_slow_gpu_that_is_not_ambiguous_is_not_probed(service: str, db_url: str) -> None:
+    _open_gpu_or_link(db_url, ambiguous=False)
+    workers = _workers(service, slow=None)
+    try:
+        time.sleep(2.0)  # several of the service's incident polls
+        assert httpx.get(f"{service}/v1/jobs/{JOB}/probes").json()["campaigns"] == []
+        assert sum(w.ran for w in workers) == 0
+    finally:
+        for w in workers:
+            w.stop()
+
+
 def test_no_probes_during_a_critical_phase(service: str, db_url: str) -> None:
     r = httpx.put(f"{service}/v1/jobs/{JOB}/phase", json={"critical": True})
     assert r.status_code == 200
