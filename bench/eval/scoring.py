@@ -98,6 +98,10 @@ def score_case(case: suite.Case, labels: dict[str, Any], incidents: list[dict[st
             out.delay_s = round((first["detected_ns"] - onset) / 1e9, 3)
             if first["detected_step"] is not None:
                 out.delay_steps = first["detected_step"] - fault["start_step"]
+            elif labels.get("t0_ns") is not None and fault.get("start_step"):
+                # a hang has no detected step: its delay in the job's mean step time before it
+                step_s = (onset - labels["t0_ns"]) / 1e9 / fault["start_step"]
+                out.delay_steps = round(out.delay_s / step_s, 1) if step_s > 0 else None
             if fault.get("end_step") is not None and fault.get("period", 0) == 0:
                 end = fault["end_ns"]
                 out.resolved_after_recovery = any(

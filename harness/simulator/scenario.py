@@ -116,6 +116,7 @@ class Scenario:
         return {
             "job": self.job,
             "seed": self.seed,
+            "t0_ns": self.t0_ns,  # the job's start: onsets minus it over their steps = step time
             "steps": self.steps,
             "layout": {
                 "tp": self.layout.tp,

@@ -127,3 +127,23 @@ def test_concurrent_and_chronic_cases_are_scored_on_placement_and_onset() -> Non
     s = score_case(chronic, clabels, invented)
     assert s.false_incidents == 1 and not s.localized
     assert concurrent.is_chronic(chronic.family)
+
+
+def test_a_hang_delay_is_counted_in_the_jobs_step_times_before_it() -> None:
+    """A hang has no detected step: its delay in steps is its delay in seconds over the job's
+    mean step time before the onset (issue 32 asks for hangs in steps)."""
+    from bench.eval import suite
+    from bench.eval.scoring import score_case
+
+    ns = 1_000_000_000
+    case = next(c for c in suite.cases(quick=True, seeds=1) if c.name.startswith("stuck-rank"))
+    (fault,) = case.scenario.faults
+    start = fault.start_step
+    onset = 10 * ns + start * ns // 2  # 0.5 s steps from t0 = 10 s
+    hosts = [case.scenario.layout.host(fault.ranks[0])]
+    label = dict(fault.label(), onset_ns=onset, end_ns=None, hosts=hosts)
+    labels = {"t0_ns": 10 * ns, "faults": [label]}
+    hang = _inc("hang", list(fault.ranks), hosts, None, 0)
+    hang.update(detected_step=None, detected_ns=onset + 3 * ns // 2)  # 1.5 s later
+    scored = score_case(case, labels, [hang])
+    assert scored.localized and scored.delay_s == 1.5 and scored.delay_steps == 3.0
