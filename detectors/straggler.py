@@ -244,8 +244,10 @@ class PeerLatenessDetector:
             frame_time = np.nan
         late_fraction = late / frame_time
         # pipelines: a rank held up by its neighbour is neither the straggler nor the norm (its
-        # inherited lateness would raise the typical lateness and the noise of a small job)
-        inherited = pipeline_delayed(frame, groups) if frame.has_steps else np.zeros(frame.n, bool)
+        # inherited lateness would raise the typical lateness and the noise of a small job);
+        # in time frames too (issue 32: without step records the rank across the pipeline
+        # from a throttled one was named the slow GPU)
+        inherited = pipeline_delayed(frame, groups)
         own_late = np.where(inherited, np.nan, late_fraction)
         typical = np.nanmedian(own_late) if np.isfinite(own_late).any() else 0.0
         # Noise-relative: how far above typical is the rank, in robust spreads of this frame's

@@ -31,11 +31,14 @@ class Trace:
     # announce the pipeline's channels as kind ``pp`` (as instrumentation other than ours does:
     # Megatron's pipeline groups, an NCCL-level tracer) instead of our SDK's ``p2p``
     as_pp: bool = False
+    no_steps: bool = False  # drop step records: an instrumentation that times collectives only
 
     def envelopes(self) -> Iterator[dict[str, Any]]:
         with gzip.open(self.path, "rt") as f:
             for line in f:
                 env = json.loads(line)
+                if self.no_steps:
+                    env["steps"] = []
                 if self.as_pp:
                     for comm in env["comms"]:
                         if comm["kind"] == "p2p":
@@ -43,8 +46,8 @@ class Trace:
                 yield env
 
 
-def replay(name: str, *, as_pp: bool = False) -> Any:
-    return run(Trace("lab", DATA / name, as_pp))  # type: ignore[arg-type]
+def replay(name: str, *, as_pp: bool = False, no_steps: bool = False) -> Any:
+    return run(Trace("lab", DATA / name, as_pp, no_steps))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("name", ["compute-20pct.jsonl.gz", "compute-15pct.jsonl.gz"])
@@ -143,3 +146,29 @@ def test_a_slow_link_that_looks_like_a_slow_gpu_is_called_ambiguous() -> None:
         assert all(c["hosts"] == ["node-1"] for c in f.evidence["candidates"])
         text = summary_for(f, [1], ["node-1"], {})
         assert "or the network link of node-1 is slow (passive data cannot tell which" in text
+
+
+@pytest.mark.parametrize("as_pp", [False, True])
+def test_a_pipeline_without_step_records_blames_the_throttled_rank(as_pp: bool) -> None:
+    """The lab's pipeline trace with its step records dropped (time frames): rank 3, across the
+    pipeline from the CPU-throttled rank 1, waits in its receives and is late in its own
+    data-parallel all-reduce; it was named the slow GPU (66% of each second "late"), because
+    lateness inherited from a pipeline neighbour was only recognised in step frames."""
+    r = replay("pp2-link-hang-compute.jsonl.gz", as_pp=as_pp, no_steps=True)
+    slot_rank = r.state.topology.slot_rank
+    opened = sorted((f.kind, [slot_rank[s] for s in f.slots]) for _, f in r.opened(None))
+    assert [k for k, _ in opened] == ["hang", "slow_gpu", "slow_link"], opened
+    assert dict(opened)["slow_gpu"] == [1] and dict(opened)["hang"] == [1]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "pp2-healthy.jsonl.gz",
+        "pp2-healthy-rank-excursion.jsonl.gz",
+        "pp2-healthy-p2p-jitter.jsonl.gz",
+    ],
+)
+def test_healthy_pipelines_without_step_records_raise_nothing(name: str) -> None:
+    r = replay(name, as_pp=True, no_steps=True)
+    assert r.opened(None) == [], [(f.kind, f.subject) for _, f in r.opened(None)]
