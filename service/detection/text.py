@@ -46,15 +46,14 @@ def summary_for(
     if f.kind == IncidentKind.SLOW_GPU:
         who = _who(ranks[0], info) if ranks else "a rank"
         lead = f"{who[0].upper()}{who[1:]} is {_pct(f.subject_slowdown)} than its peers"
-        if f.evidence.get("ambiguous") and hosts:
-            # passive data cannot tell its GPU from its host's NIC (detectors/report.py)
-            lead += (
-                f" {_since(f)}, or the network link of {hosts[0]} is slow (passive data cannot"
-                " tell which: it computes no slower than its role peers)"
-            )
-            text = f"{lead}{_cost(f)}."
-        else:
-            text = f"{lead} {_since(f)}{_cost(f)}."
+        # passive data cannot tell its GPU from its host's NIC (detectors/report.py)
+        alt = (
+            f", or the network link of {hosts[0]} is slow (passive data cannot tell which: it"
+            " computes no slower than its role peers)"
+            if f.evidence.get("ambiguous") and hosts
+            else ""
+        )
+        text = f"{lead} {_since(f)}{alt}{_cost(f)}."
     elif f.kind == IncidentKind.SLOW_NODE:
         text = (
             f"{hosts[0]} is slow: its {len(ranks)} GPUs compute {_pct(f.subject_slowdown)} "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -74,19 +75,26 @@ def _workers(url: str, slow: str | None) -> list[ProbeWorker]:
     ]  # fmt: skip
 
 
-def test_probes_name_the_slow_nic_inside_an_ambiguous_ring(service: str, db_url: str) -> None:
-    incident = _open_ambiguous(db_url)
-    workers = _workers(service, slow="h2")
+def _probed(
+    service: str, incident: str, slow: str | None
+) -> tuple[dict[str, Any], list[ProbeWorker]]:
+    """Run the four hosts' probe workers until the incident carries the probes' conclusion;
+    the incident then, and the (stopped) workers."""
+    workers = _workers(service, slow=slow)
     try:
-
-        def probed() -> bool:
-            return "probes" in httpx.get(f"{service}/v1/incidents/{incident}").json()["evidence"]
-
-        assert wait_for(probed, timeout=60)
+        assert wait_for(
+            lambda: "probes" in httpx.get(f"{service}/v1/incidents/{incident}").json()["evidence"],
+            timeout=60,
+        )
     finally:
         for w in workers:
             w.stop()
-    inc = httpx.get(f"{service}/v1/incidents/{incident}").json()
+    return httpx.get(f"{service}/v1/incidents/{incident}").json(), workers
+
+
+def test_probes_name_the_slow_nic_inside_an_ambiguous_ring(service: str, db_url: str) -> None:
+    incident = _open_ambiguous(db_url)
+    inc, workers = _probed(service, incident, slow="h2")
     probes = inc["evidence"]["probes"]
     assert probes["component"] == "host:h2", probes["pairs"]
     assert inc["hosts"] == ["h2"]
@@ -133,16 +141,7 @@ def test_a_single_slow_cable_is_told_from_a_slow_nic_at_one_end(service: str, db
             now_ns=T0,
         )  # fmt: skip
         incident = inc.id
-    workers = _workers(service, slow="h2")
-    try:
-        assert wait_for(
-            lambda: "probes" in httpx.get(f"{service}/v1/incidents/{incident}").json()["evidence"],
-            timeout=60,
-        )
-    finally:
-        for w in workers:
-            w.stop()
-    inc = httpx.get(f"{service}/v1/incidents/{incident}").json()
+    inc, _ = _probed(service, incident, slow="h2")
     probes = inc["evidence"]["probes"]
     pairs = {(p["a"], p["b"]) for p in probes["pairs"]}
     assert ("h1", "h2") in pairs, pairs
@@ -178,16 +177,7 @@ def test_probes_decide_a_slow_gpu_that_may_be_its_hosts_link(
     """Issue 32: a slow GPU that passive data cannot tell from its host's slow NIC is probed;
     the probes say which. The incident keeps its rank and host either way."""
     incident = _open_gpu_or_link(db_url, ambiguous=True)
-    workers = _workers(service, slow=slow)
-    try:
-        assert wait_for(
-            lambda: "probes" in httpx.get(f"{service}/v1/incidents/{incident}").json()["evidence"],
-            timeout=60,
-        )
-    finally:
-        for w in workers:
-            w.stop()
-    inc = httpx.get(f"{service}/v1/incidents/{incident}").json()
+    inc, _ = _probed(service, incident, slow=slow)
     assert (inc["kind"], inc["ranks"], inc["hosts"]) == ("slow_gpu", [2], ["h2"])
     probes = inc["evidence"]["probes"]
     if slow:
