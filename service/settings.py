@@ -8,9 +8,13 @@ of warning about them.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
+import json
+import os
+from collections.abc import Mapping
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from failslow.service.actions.settings import ActionsSettings
@@ -30,9 +34,20 @@ __all__ = [
     "ProbeSettings",
     "Settings",
     "StateSettings",
+    "SettingsError",
+    "from_environment",
     "hash_token",
     "is_loopback",
 ]
+
+# FAILSLOW_* variables that other failslow programs read (the agent and the SDK in training
+# jobs, the client commands, deployment scripts): a service started beside them accepts them.
+OTHER_VARIABLES = frozenset({
+    "FAILSLOW_JOB", "FAILSLOW_SOCKET", "FAILSLOW_SPOOL_DIR", "FAILSLOW_TOKEN", "FAILSLOW_URL",
+    "FAILSLOW_CONTEXT", "FAILSLOW_CLIENT_CONFIG", "FAILSLOW_TORCH", "FAILSLOW_INFLIGHT_AFTER_S",
+    "FAILSLOW_JIT", "FAILSLOW_DEMO_PORT", "FAILSLOW_SHARED_DIR", "FAILSLOW_SERVICE",
+    "FAILSLOW_IMAGE", "FAILSLOW_PG_PASSWORD", "FAILSLOW_PORT_2", "FAILSLOW_RELAY_PORT",
+})  # fmt: skip
 
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
 
@@ -122,3 +137,73 @@ class Settings(BaseSettings):
                 "FAILSLOW_AUTH__INGEST_TOKENS / FAILSLOW_AUTH__READ_TOKENS, or pass --insecure"
             )
         return self
+
+
+class SettingsError(ValueError):
+    """Settings that cannot start the service: one line per problem, each naming the variable."""
+
+
+def variables(
+    model: type[BaseModel] | None = None, prefix: str = "FAILSLOW_"
+) -> dict[str, tuple[str, ...]]:
+    """Every environment variable of the settings -> its field path."""
+    out: dict[str, tuple[str, ...]] = {}
+    for name, info in (model or Settings).model_fields.items():
+        var = f"{prefix}{name.upper()}"
+        sub = info.annotation
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            out |= {k: (name, *v) for k, v in variables(sub, f"{var}__").items()}
+        else:
+            out[var] = (name,)
+    return out
+
+
+def _not_json(env: Mapping[str, str], message: str) -> list[str]:
+    """The variables behind pydantic-settings' 'error parsing value for field "auth"'."""
+    field = message.split('"')[1].upper() if message.count('"') >= 2 else ""
+    out = []
+    for name, value in env.items():
+        upper = name.upper()
+        if field and (upper == f"FAILSLOW_{field}" or upper.startswith(f"FAILSLOW_{field}__")):
+            try:
+                json.loads(value)
+            except ValueError as exc:
+                if value.lstrip()[:1] in "[{":
+                    out.append(f"{name}={value}: not valid JSON ({exc})")
+    return out or [f"{message} (a FAILSLOW_{field}__* variable is not valid JSON)"]
+
+
+def from_environment(environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+    """``Settings()`` from the environment, refusing what it cannot use: an unknown
+    ``FAILSLOW_*`` variable (a misspelt one is otherwise ignored silently) or a bad value, each
+    named (:class:`SettingsError`, one line per problem)."""
+    env = os.environ if environ is None else environ
+    known = variables()
+    problems = []
+    for name in sorted(env):
+        upper = name.upper()
+        if upper.startswith("FAILSLOW_") and upper not in known and upper not in OTHER_VARIABLES:
+            near = difflib.get_close_matches(upper, list(known), n=1, cutoff=0.8)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            problems.append(f"{name}: not a failslow setting{hint}")
+    by_path = {v: k for k, v in known.items()}
+    try:
+        settings = Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        for e in exc.errors():
+            loc = tuple(str(p) for p in e["loc"])
+            var = next((by_path[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in by_path),
+                       None)  # fmt: skip
+            msg = e["msg"].removeprefix("Value error, ")
+            if var is None:
+                problems.append(msg)
+            else:
+                shown = env.get(var, overrides.get(loc[0], "")) if len(loc) else ""
+                problems.append(f"{var}={shown!s}: {msg}")
+        settings = None  # type: ignore[assignment]
+    except ValueError as exc:  # pydantic-settings: a value that is not JSON where JSON is due
+        problems += _not_json(env, str(exc))
+        settings = None  # type: ignore[assignment]
+    if problems:
+        raise SettingsError("\n".join(problems))
+    return settings

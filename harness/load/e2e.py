@@ -29,7 +29,7 @@ import orjson
 
 from failslow.harness.load.client import Connection, HttpError
 from failslow.harness.load.fleet import Fleet
-from failslow.harness.load.job import HostTemplate, JobLayout, host_name
+from failslow.harness.load.job import HostTemplate, JobLayout, host_name, ranks_argument
 from failslow.wire import topology, v2
 
 JOB = "e2e"
@@ -353,7 +353,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "e2e", help="a large job's v2 telemetry in real time through HTTP; detection lag"
     )
-    p.add_argument("--ranks", type=int, default=1024, help="a multiple of 32 (TP8 x PP4)")
+    p.add_argument("--ranks", type=ranks_argument, default=1024, help="a multiple of 32")
     p.add_argument("--step-time", type=float, default=1.0, help="seconds per training step")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--fault", choices=["slow_gpu"], help="a GPU 1.5x slower from step K/2")

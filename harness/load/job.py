@@ -14,6 +14,7 @@ wait for it (their calls end when it arrives), as in a real synchronous job.
 from __future__ import annotations
 
 import functools
+from argparse import ArgumentTypeError
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,3 +170,15 @@ class HostTemplate:
         s["start_ns"] = steps["start_ns"] + shift
         s["end_ns"] = steps["end_ns"] + shift
         return v2.encode(header, c, s)
+
+
+def ranks_argument(text: str) -> int:
+    """``--ranks`` of `failslow bench e2e`: a job this generator can lay out."""
+    n = int(text)
+    if n % (TP * PP) or n < 2 * TP * PP:
+        nearest = max(2 * TP * PP, round(n / (TP * PP)) * TP * PP)
+        raise ArgumentTypeError(
+            f"{n} ranks: a multiple of {TP * PP} (TP{TP} x PP{PP}) and at least {2 * TP * PP} "
+            f"is needed (e.g. {nearest})"
+        )
+    return n

@@ -54,7 +54,9 @@ class Fault:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise ValueError(f"unknown fault kind {self.kind!r}; one of {KINDS}")
+            raise ValueError(
+                f"unknown fault kind {self.kind!r}; one of {', '.join(k.value for k in KINDS)}"
+            )
         object.__setattr__(self, "kind", FaultKind(self.kind))
         if self.kind in (FaultKind.SLOW_GPU, FaultKind.HANG) and len(self.ranks) != 1:
             raise ValueError(f"{self.kind} needs exactly one rank")
