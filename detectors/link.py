@@ -70,6 +70,7 @@ class LinkDetector:
             raise ValueError("slow_ratio must be in (0, 1)")
         self.slow_ratio = slow_ratio
         self.min_cost = min_cost
+        self.relax = relax
         self.relaxed_ratio = 1.0 - (1.0 - slow_ratio) * relax
         self.nic_fraction = nic_fraction
         self.min_fit = 0.8  # F1 below which no single component explains the slow communicators

@@ -116,6 +116,49 @@ class JobPipeline:
     def frame_times(self, *, since_index: int | None = None, last: int = 10) -> list[float]:
         return self.history.frame_times(since_index=since_index, last=last)
 
+    # -- per-job tuning ------------------------------------------------------------------------
+    TUNABLE = (
+        "late_fraction", "compute_ratio", "link_ratio", "job_slowdown_ratio", "open_after",
+        "resolve_after", "hang_floor_s", "dead_after_s", "major_slowdown", "critical_slowdown",
+    )  # fmt: skip
+
+    def tune(self, **values: float) -> None:
+        """Change thresholds of a running job in place (its learned state is kept): the names
+        are the constructor's, those in :attr:`TUNABLE`. Takes effect from the next frame."""
+        unknown = set(values) - set(self.TUNABLE)
+        if unknown:
+            raise ValueError(f"not tunable: {', '.join(sorted(unknown))}")
+        c = self.conditions
+        if "late_fraction" in values:
+            self.late_fraction = self.detector.late_fraction = values["late_fraction"]
+            c.reporter.late_fraction = values["late_fraction"]
+        if "compute_ratio" in values:
+            ratio = values["compute_ratio"]
+            self.compute_ratio = self.detector.compute_ratio = c.compute_ratio = ratio
+            c.static_ratio = 1.0 + 5.0 * (ratio - 1.0)
+        if "link_ratio" in values:
+            self.links.slow_ratio = values["link_ratio"]
+            self.links.relaxed_ratio = 1.0 - (1.0 - values["link_ratio"]) * self.links.relax
+        if "job_slowdown_ratio" in values:
+            c.job_slowdown_ratio = values["job_slowdown_ratio"]
+        trackers = (c.gpus, c.hosts, c.link_keys.tracker, c.job_keys.tracker)
+        for name in ("open_after", "resolve_after"):
+            if name in values:
+                n = int(values[name])
+                if name == "open_after" and not 1 <= n <= self.window:
+                    raise ValueError(f"need 1 <= open_after <= window ({self.window})")
+                for t in trackers:
+                    setattr(t, name, max(1, n))
+                    if name == "resolve_after":
+                        t.flap_window = 4 * t.resolve_after
+        if "hang_floor_s" in values:
+            c.hangs.floor_s = values["hang_floor_s"]
+        if "dead_after_s" in values:
+            c.hangs.dead_after_s = values["dead_after_s"]
+        major, critical = c.reporter.severity
+        c.reporter.severity = (values.get("major_slowdown", major),
+                               values.get("critical_slowdown", critical))  # fmt: skip
+
     # -- plans and restarts --------------------------------------------------------------------
     def set_work(self, work: np.ndarray | None, *, from_index: int | None = None) -> None:
         """Adopt a new plan's per-slot work shares from frame ``from_index`` on (the step at

@@ -21,8 +21,11 @@ from failslow.service.actions.scheduler import Mitigation
 from failslow.service.auth import tenant_of
 from failslow.service.bus.client import Bus
 from failslow.service.context import AppContext
+from failslow.service.control.reader import Controls
+from failslow.service.control.router import router as control_router
 from failslow.service.db import make_engine, make_sessionmaker, session_scope, upgrade
 from failslow.service.detection.engine import DetectionEngine
+from failslow.service.detection.stale import StaleCloser
 from failslow.service.errors import install_handlers
 from failslow.service.incidents.router import router as incidents_router
 from failslow.service.ingest.bundle import router as ingest_bundle_router
@@ -89,6 +92,7 @@ async def detection_loop(ctx: AppContext) -> None:
             await run_in_threadpool(ctx.detection.run_due)
             await run_in_threadpool(ctx.mitigation.run_due)
             await run_in_threadpool(ctx.probes.run_due)
+            await run_in_threadpool(ctx.stale.run_due)
             ctx.jobs.evict_idle()
             failures.succeeded()
         except asyncio.CancelledError:
@@ -166,23 +170,32 @@ def build_context(settings: Settings) -> AppContext:
     jobs = JobRegistry(
         settings=settings.state, load=load, tenant_of=lambda job: tenant_of(settings.auth, job)
     )
+    controls = Controls(sessions, settings.detection)
     detection = DetectionEngine(
         settings=settings.detection,
         sessions=sessions,
         metrics=metrics,
         jobs=jobs,
         cleared_by=lambda session, incident: actions_db.fixes(session, incident=incident),
+        tuning_of=controls.tuning,
     )
+    stale = StaleCloser(settings=settings.detection, sessions=sessions, jobs=jobs,
+                        metrics=metrics, forget=detection.forget)  # fmt: skip
     if not settings.bus.url and settings.state.snapshot_every_s > 0:
         snapshots = LocalSnapshots(
             detection=detection, settings=settings.state, every_s=settings.state.snapshot_every_s
         )
+    def muted_of(job: str) -> str:
+        st = controls.state(job)
+        return st.why if st.muted or st.paused else ""
+
     mitigation = Mitigation(
         settings=settings.actions,
         sessions=sessions,
         metrics=metrics,
         jobs=jobs,
         detection=detection,
+        muted_of=muted_of,
     )
     mitigation.recover()
     probes = ProbeManager(settings=settings.probes, sessions=sessions, metrics=metrics)
@@ -199,8 +212,9 @@ def build_context(settings: Settings) -> AppContext:
     if snapshots is not None:  # a job leaves memory only with its snapshot (stream/registry.py)
         jobs.save = committer.save
     ctx = AppContext(
-        settings, engine, sessions, metrics, jobs, detection, mitigation, probes, committer, lease
-    )
+        settings, engine, sessions, metrics, jobs, detection, mitigation, probes, committer,
+        controls, stale, lease,
+    )  # fmt: skip
     metrics.add(
         LiveCollector(jobs=lambda: job_samples(ctx), open_incidents=lambda: open_by_kind(ctx))
     )
@@ -281,6 +295,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(jobs_router)
     app.include_router(incidents_router)
     app.include_router(actions_router)
+    app.include_router(control_router)
     app.include_router(plans_router)
     app.include_router(probes_router)
     app.include_router(ui_router)

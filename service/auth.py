@@ -86,6 +86,12 @@ class AuthSettings(BaseModel):
         description="A JSON file with any of ingest_tokens, read_tokens, operator_tokens and "
         "ingest_scopes; it replaces them and is read again whenever it changes.",
     )
+    token_names: dict[str, str] = Field(
+        default_factory=dict,
+        description="Who holds each token, as JSON: {\"<token or sha256:hash>\": \"alice\"}: "
+        "the actor recorded for every change made with it (unnamed tokens are recorded as "
+        "token:<first 12 hex digits of the hash>).",
+    )
     metrics_public: bool = Field(
         default=True, description="Serve /metrics without a token (Prometheus scrapes it)."
     )
@@ -101,6 +107,11 @@ class AuthSettings(BaseModel):
     @classmethod
     def _scopes(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
         return {_normalise_token_list([k])[0]: list(v) for k, v in value.items() if k.strip()}
+
+    @field_validator("token_names", mode="after")
+    @classmethod
+    def _names(cls, value: dict[str, str]) -> dict[str, str]:
+        return {_normalise_token_list([k])[0]: v for k, v in value.items() if k.strip()}
 
     @property
     def enabled(self) -> bool:
@@ -182,6 +193,21 @@ def check(request: Request, auth: AuthSettings, role: Role) -> None:
         job = request.path_params.get("job")
         if job is not None:
             allow(scope, job)
+
+
+def actor_of(header: str, auth: AuthSettings, client: str | None) -> str:
+    """Who makes a change: the name of the request's token (``token_names``), else
+    ``token:<12 hex digits of its hash>``; without authentication ``local:<client address>``.
+    Never what the request body claims."""
+    auth = auth.effective()
+    scheme, _, token = header.partition(" ")
+    if not auth.enabled or scheme.lower() != "bearer" or not token.strip():
+        return f"local:{client or 'unknown'}"
+    digest = hash_token(token.strip())
+    for h, name in auth.token_names.items():
+        if hmac.compare_digest(h, digest):
+            return name
+    return "token:" + digest.removeprefix("sha256:")[:12]
 
 
 class OutOfScope(Forbidden):

@@ -10,7 +10,7 @@ from fastapi import Depends, Path, Request
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from failslow.service.auth import OutOfScope, Role, check
+from failslow.service.auth import OutOfScope, Role, actor_of, check
 from failslow.service.errors import Forbidden
 from failslow.service.ids import IDENTIFIER
 from failslow.service.lease import Lease
@@ -20,7 +20,9 @@ from failslow.service.stream.registry import JobRegistry
 if TYPE_CHECKING:  # the engines are built by create_app; routers only use what they hold
     from failslow.service.actions.scheduler import Mitigation
     from failslow.service.bus.client import Bus
+    from failslow.service.control.reader import Controls
     from failslow.service.detection.engine import DetectionEngine
+    from failslow.service.detection.stale import StaleCloser
     from failslow.service.ingest.service import Committer
     from failslow.service.probes.manager import ProbeManager
     from failslow.service.replica.ownership import Ownership
@@ -38,6 +40,8 @@ class AppContext:
     mitigation: Mitigation
     probes: ProbeManager
     committer: Committer
+    controls: Controls  # runtime control (mute, pause, overrides) as detection and policy read it
+    stale: StaleCloser
     lease: Lease | None = None  # None: the single-writer check is off (lease_ttl_s = 0)
     ingest_inflight: int = 0
     bus: Bus | None = None  # set: ingest publishes to the stream (docs/replicas.md)
@@ -94,3 +98,12 @@ OperatorAuth = Depends(require(Role.OPERATOR))
 JobClientAuth = Depends(require_any(Role.INGEST, Role.OPERATOR))
 # training jobs read their plan with the agents' token; readers too
 PlanReadAuth = Depends(require_any(Role.INGEST, Role.READ))
+
+
+async def get_actor(request: Request, ctx: CtxDep) -> str:
+    """Who makes this request's change (from its token, never from its body)."""
+    client = request.client.host if request.client is not None else None
+    return actor_of(request.headers.get("authorization", ""), ctx.settings.auth, client)
+
+
+ActorDep = Annotated[str, Depends(get_actor)]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from datetime import UTC, datetime
 
 # The spec's identifier (api-v1.md): no ``/``, since ids appear in URL paths.
 IDENTIFIER = r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$"
@@ -33,3 +34,12 @@ def ulid(now_ms: int | None = None) -> str:
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{ulid()}"
+
+
+def rfc3339(ns: int | None) -> str | None:
+    """A wall-clock time in nanoseconds as RFC 3339 UTC with milliseconds (None stays None)."""
+    if ns is None:
+        return None
+    return datetime.fromtimestamp(ns / 1e9, UTC).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z"
+    )

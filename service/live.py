@@ -52,6 +52,7 @@ def job_samples(ctx: AppContext) -> Iterator[JobSample]:
             stats = state.join_stats()
             pending, inflight = stats.pending_groups, stats.inflight
         name = job_state_name(state, kinds)
+        control = ctx.controls.state(state.job)
         series: list[tuple[int, str, float | None, float | None]] = []
         scores = ctx.detection.rank_scores(state.job) if slot_rank else None
         if scores is not None:
@@ -80,4 +81,6 @@ def job_samples(ctx: AppContext) -> Iterator[JobSample]:
             pending=pending,
             watermark_s=state.watermark_ns / 1e9,
             rank_series=series,
+            muted=control.muted,
+            paused=control.paused,
         )

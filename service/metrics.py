@@ -81,6 +81,15 @@ class Metrics:
             "failslow_frames_skipped_total",
             "Frames never analysed: past detection.max_backlog_rank_frames of one job.", registry=r,
         )  # fmt: skip
+        self.frames_paused = Counter(
+            "failslow_frames_paused_total",
+            "Frames consumed but not analysed: their job's detection was paused by an operator "
+            "or a maintenance window.", registry=r,
+        )  # fmt: skip
+        self.incidents_closed_stale = Counter(
+            "failslow_incidents_closed_stale_total",
+            "Incidents closed because their job stopped reporting.", ["kind"], registry=r,
+        )  # fmt: skip
         self.delay = Histogram(
             "failslow_detection_delay_seconds",
             "Event-time delay from onset to detection of opened incidents.",
@@ -181,6 +190,8 @@ class JobSample:
     pending: int
     watermark_s: float
     rank_series: list[tuple[int, str, float | None, float | None]]  # rank, host, score, lateness
+    muted: bool = False  # by an operator or a maintenance window: nothing acted on or notified
+    paused: bool = False  # detection paused (by hand or by a maintenance window)
 
 
 class LiveCollector(Collector):
@@ -219,6 +230,17 @@ class LiveCollector(Collector):
         hosts = GaugeMetricFamily("failslow_job_hosts", "Hosts known.", labels=["job"])
         stale = GaugeMetricFamily(
             "failslow_job_stale_hosts", "Hosts without recent envelopes.", labels=["job"]
+        )
+        muted = GaugeMetricFamily(
+            "failslow_job_muted",
+            "1 while the job is muted (by hand or a maintenance window): detected, neither "
+            "acted on nor notified.",
+            labels=["job"],
+        )
+        paused = GaugeMetricFamily(
+            "failslow_job_detection_paused",
+            "1 while the job's detection is paused (by hand or a maintenance window).",
+            labels=["job"],
         )
         ahead = GaugeMetricFamily(
             "failslow_job_clock_ahead_hosts",
@@ -267,6 +289,8 @@ class LiveCollector(Collector):
                 ranks.add_metric([s.job], s.ranks)
                 hosts.add_metric([s.job], s.hosts)
                 stale.add_metric([s.job], s.stale_hosts)
+                muted.add_metric([s.job], float(s.muted))
+                paused.add_metric([s.job], float(s.paused))
                 ahead.add_metric([s.job], s.clock_ahead_hosts)
                 held.add_metric([s.job], s.clock_held_back)
                 inflight.add_metric([s.job], s.inflight)
@@ -297,6 +321,8 @@ class LiveCollector(Collector):
             ranks,
             hosts,
             stale,
+            muted,
+            paused,
             ahead,
             held,
             inflight,

@@ -1,6 +1,7 @@
 """Every table, imported in one place for Alembic's autogenerate and for tests."""
 
 from failslow.service.actions.models import Action, ActionEvent
+from failslow.service.control.models import AuditEvent, JobControl
 from failslow.service.db import Base
 from failslow.service.incidents.models import Incident
 from failslow.service.jobs.models import (
@@ -19,6 +20,8 @@ from failslow.service.replica.models import BusPartition, JobSnapshot
 __all__ = [
     "Action",
     "ActionEvent",
+    "AuditEvent",
+    "JobControl",
     "JobWorkload",
     "PlanVersion",
     "AgentStream",

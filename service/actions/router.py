@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, BackgroundTasks, Body, Path, Query
+from fastapi import APIRouter, BackgroundTasks, Body, Path, Query, Request, Response
 
 from failslow.service.actions import service as actions
 from failslow.service.actions.schemas import (
@@ -16,9 +16,12 @@ from failslow.service.actions.schemas import (
     event_out,
     to_out,
 )
-from failslow.service.context import CtxDep, JobId, OperatorAuth, ReadAuth, SessionDep
-from failslow.service.errors import NotFound
+from failslow.service.context import ActorDep, CtxDep, JobId, OperatorAuth, ReadAuth, SessionDep
+from failslow.service.control import service as control
+from failslow.service.control.schemas import AuditVerb
+from failslow.service.errors import InvalidRequest, NotFound
 from failslow.service.jobs import service as jobs_db
+from failslow.service.paging import Page, PageDep, one_page
 
 router = APIRouter(tags=["actions"])
 ActionId = Annotated[str, Path(max_length=40)]
@@ -31,20 +34,38 @@ ActionId = Annotated[str, Path(max_length=40)]
     summary="Actions of a job",
 )
 def job_actions(
-    job: JobId, session: SessionDep, state: Annotated[ActionState | None, Query()] = None
+    job: JobId,
+    session: SessionDep,
+    page: PageDep,
+    request: Request,
+    response: Response,
+    state: Annotated[ActionState | None, Query()] = None,
 ) -> list[ActionOut]:
     if jobs_db.get_job(session, job=job) is None:
         raise NotFound(f"no job {job!r}")
-    return [to_out(r) for r in actions.list_actions(session, job=job, state=state)]
+    return _page(session, page, request, response, job=job, state=state)
+
+
+def _page(session: SessionDep, page: Page, request: Request, response: Response,
+          **where: str | None) -> list[ActionOut]:  # fmt: skip
+    try:
+        rows = actions.list_actions(session, page=page, **where)  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None
+    return [to_out(r) for r in one_page(rows, page, actions.cursor, request, response)]
 
 
 @router.get(
     "/v1/actions", response_model=list[ActionOut], dependencies=[ReadAuth], summary="All actions"
 )
 def all_actions(
-    session: SessionDep, state: Annotated[ActionState | None, Query()] = None
+    session: SessionDep,
+    page: PageDep,
+    request: Request,
+    response: Response,
+    state: Annotated[ActionState | None, Query()] = None,
 ) -> list[ActionOut]:
-    return [to_out(r) for r in actions.list_actions(session, state=state)]
+    return _page(session, page, request, response, state=state)
 
 
 @router.get(
@@ -70,21 +91,24 @@ def get_events(id: ActionId, session: SessionDep) -> list[ActionEventOut]:  # no
 
 
 def _decide(
-    ctx: CtxDep, session: SessionDep, action_id: str, approve: bool, body: Decision | None
+    ctx: CtxDep,
+    session: SessionDep,
+    action_id: str,
+    approve: bool,
+    body: Decision | None,
+    actor: str,
 ) -> ActionOut:
     body = body or Decision()
-    actor = body.actor or "operator"
     note = body.reason or ("approved" if approve else "rejected (no reason given)")
+    now = time.time_ns()
     row = actions.decide_manually(
-        session,
-        action_id=action_id,
-        approve=approve,
-        actor=actor,
-        note=note,
-        now_ns=time.time_ns(),
+        session, action_id=action_id, approve=approve, actor=actor, note=note, now_ns=now
     )
     if row is None:
         raise NotFound(f"no action {action_id!r}")
+    verb = AuditVerb.APPROVE if approve else AuditVerb.REJECT
+    control.audit(session, actor=actor, verb=verb, job=row.job_id, target=row.id, reason=note,
+                  detail={"kind": row.kind, "state": row.state}, now_ns=now)  # fmt: skip
     session.commit()
     ctx.metrics.actions.labels(row.kind, row.state).inc()
     return to_out(row)
@@ -101,9 +125,10 @@ def approve(
     ctx: CtxDep,
     session: SessionDep,
     tasks: BackgroundTasks,
+    actor: ActorDep,
     body: Annotated[Decision | None, Body()] = None,
 ) -> ActionOut:
-    out = _decide(ctx, session, id, True, body)
+    out = _decide(ctx, session, id, True, body, actor)
     tasks.add_task(ctx.mitigation.execute_when_ready, out.job)
     return out
 
@@ -118,6 +143,7 @@ def reject(
     id: ActionId,  # noqa: A002
     ctx: CtxDep,
     session: SessionDep,
+    actor: ActorDep,
     body: Annotated[Decision | None, Body()] = None,
 ) -> ActionOut:
-    return _decide(ctx, session, id, False, body)
+    return _decide(ctx, session, id, False, body, actor)

@@ -58,7 +58,11 @@ class Mitigation:
         jobs: JobRegistry,
         detection: Detection,
         clock: Callable[[], int] = time.time_ns,
+        muted_of: Callable[[str], str] = lambda _job: "",
     ) -> None:
+        """``muted_of(job)``: why the job is muted now ("" when it is not): then nothing is
+        proposed for it, not even a notification (runtime control, service/control)."""
+        self.muted_of = muted_of
         self.settings = settings
         self.sessions = sessions
         self.metrics = metrics
@@ -196,6 +200,13 @@ class Mitigation:
             open_rows = incidents.list_incidents(s, job=job, state=IncidentFilter.OPEN)
             view = self.job_view(job, s)
             if view is None:
+                return
+            muted = self.muted_of(job)
+            if muted:
+                why = f"{muted}: detected, neither acted on nor notified"
+                for row in open_rows:
+                    if row.evidence.get("policy") != why:
+                        row.evidence = {**row.evidence, "policy": why}
                 return
             self._maybe_restore(s, job, view, open_rows)
             if not open_rows:

@@ -44,7 +44,12 @@ class Decision(BaseModel):
     """Body of approve/reject (optional for approve; a reject should say why)."""
 
     reason: str | None = Field(default=None, max_length=2000)
-    actor: str | None = Field(default=None, max_length=128, description="Who decides.")
+    actor: str | None = Field(
+        default=None,
+        max_length=128,
+        description="Ignored: the actor recorded is the token's (auth.token_names), never what "
+        "the body claims. Kept so that clients that send it are not refused.",
+    )
 
 
 def to_out(row: Action) -> ActionOut:

@@ -20,6 +20,7 @@ from failslow.service.actions.vocab import MEASURED, ActionState, Approval
 from failslow.service.db import get_for_update
 from failslow.service.errors import Conflict
 from failslow.service.ids import new_id
+from failslow.service.paging import Page
 
 TRANSITIONS: dict[ActionState, tuple[ActionState, ...]] = {
     ActionState.PROPOSED: (ActionState.APPROVED, ActionState.REJECTED),
@@ -208,7 +209,10 @@ def list_actions(
     job: str | None = None,
     state: str | None = None,
     incident: str | None = None,
+    page: Page | None = None,
 ) -> list[Action]:
+    """In creation order. With ``page``: created within its time range, after its cursor
+    (``<created_ns>.<id>``, :func:`cursor`), ``limit + 1`` at most."""
     q = select(Action)
     if job is not None:
         q = q.where(Action.job_id == job)
@@ -216,7 +220,25 @@ def list_actions(
         q = q.where(Action.state == state)
     if incident is not None:
         q = q.where(Action.incident_id == incident)
+    if page is not None:
+        if page.since_ns is not None:
+            q = q.where(Action.created_ns >= page.since_ns)
+        if page.until_ns is not None:
+            q = q.where(Action.created_ns <= page.until_ns)
+        if page.after is not None:
+            ns, _, after_id = page.after.partition(".")
+            if not ns.isdigit():
+                raise ValueError(f"not a cursor of this list: {page.after!r}")
+            q = q.where(
+                (Action.created_ns > int(ns))
+                | ((Action.created_ns == int(ns)) & (Action.id > after_id))
+            )
+        q = q.limit(page.limit + 1)
     return list(session.scalars(q.order_by(Action.created_ns, Action.id)))
+
+
+def cursor(row: Action) -> str:
+    return f"{row.created_ns}.{row.id}"
 
 
 def get_action(session: Session, *, action_id: str) -> Action | None:

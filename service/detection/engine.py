@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +32,7 @@ from failslow.service.detection.persist import (
     PassSnapshot,
     write_history,
 )
-from failslow.service.detection.settings import DetectionSettings
+from failslow.service.detection.settings import DetectionSettings, JobTuning
 from failslow.service.incidents import service as incidents
 from failslow.service.incidents.schemas import IncidentFilter
 from failslow.service.jobs import service as jobs_db
@@ -62,6 +63,8 @@ class JobRuntime:
     seeded: bool = False
     shares: list[int] | None = None  # the plan's micro-batch shares the detectors assume
     backlog: list[Frame] = field(default_factory=list)  # closed, waiting for a pass
+    tuned: dict[str, float] | None = None  # the overrides the pipeline runs with (None: unset)
+    settings: DetectionSettings | None = None  # the job's effective settings with them
 
 
 class DetectionEngine:
@@ -73,9 +76,12 @@ class DetectionEngine:
         metrics: Metrics,
         jobs: JobRegistry,
         cleared_by: ClearedBy = lambda _session, _incident: [],
+        tuning_of: Callable[[str], JobTuning] = lambda _job: JobTuning(),
     ) -> None:
         """``cleared_by(session, incident id)``: the kinds of action that succeeded on an
-        incident, for the words of its resolution (the actions domain knows them)."""
+        incident, for the words of its resolution (the actions domain knows them).
+        ``tuning_of(job)``: what operators set for the job (paused, threshold overrides)."""
+        self.tuning_of = tuning_of
         self.settings = settings
         self.sessions = sessions
         self.metrics = metrics
@@ -204,19 +210,33 @@ class DetectionEngine:
                 log.exception("detection pass failed for job %s", state.job)
         return total
 
+    def _tune(self, rt: JobRuntime, tuning: JobTuning) -> DetectionSettings:
+        """The job's effective settings; its pipeline follows a change of its overrides."""
+        if rt.settings is None or rt.tuned != tuning.overrides:
+            rt.settings = self.settings.tuned(tuning.overrides)
+            rt.pipeline.tune(**rt.settings.detector_values())
+            rt.tuned = dict(tuning.overrides)
+        return rt.settings
+
     def run_job(self, state: JobState, *, flush: bool = False) -> int:
         rt = self.runtime(state.job)
         started = time.perf_counter()
+        tuning = self.tuning_of(state.job)
         with rt.lock:
+            settings = self._tune(rt, tuning)
             with state.lock:
                 if not rt.seeded:
                     self._seed(rt, state)
                 topo = state.topology
-                floor_ns = int(self.settings.hang_timeout_floor_s * 1e9)
+                floor_ns = int(settings.hang_timeout_floor_s * 1e9)
                 closed = state.close_frames(
                     flush=flush, blocked_before_ns=state.watermark_ns - floor_ns
                 )
                 state.new_data = False
+                if tuning.paused:  # consumed, not analysed: nothing is judged on them later
+                    self.metrics.frames_paused.inc(len(closed) + len(rt.backlog))
+                    rt.backlog.clear()
+                    return 0
                 closed = self._take(rt, state.job, closed, flush)
                 if rt.shape is None or rt.shape_version != topo.version:
                     rt.shape = job_shape(topo)
@@ -275,22 +295,23 @@ class DetectionEngine:
 
     def _hang_snapshot(self, rt: JobRuntime, state: JobState) -> HangSnapshot | None:
         """Collectives blocked for longer than the smallest timeout, under the job lock."""
-        floor_ns = int(self.settings.hang_timeout_floor_s * 1e9)
+        settings = rt.settings or self.settings
+        floor_ns = int(settings.hang_timeout_floor_s * 1e9)
         blocked = blocked_collectives(
             state, older_than_ns=state.watermark_ns - floor_ns, typical=rt.pipeline.comm_typical
         )
         if (
             not blocked
             and not rt.pipeline.opened.get(HANG_KEY)
-            and not self._maybe_stalled(state)
+            and not self._maybe_stalled(state, settings.dead_host_after_s)
         ):
             return None
         step_time_s = float(rt.pipeline.job_view()["step_time_s"] or float("nan"))
         return hang_snapshot(state, blocked, step_time_s=step_time_s)
 
-    def _maybe_stalled(self, state: JobState) -> bool:
+    def _maybe_stalled(self, state: JobState, dead_after_s: float) -> bool:
         last = state.frames.last_progress_ns
-        return bool(last) and (state.watermark_ns - last) / 1e9 > self.settings.dead_host_after_s
+        return bool(last) and (state.watermark_ns - last) / 1e9 > dead_after_s
 
     def _seed(self, rt: JobRuntime, state: JobState) -> None:
         """Resume incidents that were open before a restart (called under the job lock)."""

@@ -2,9 +2,38 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
 from pydantic import BaseModel, Field, model_validator
 
 from failslow.detectors.defaults import DEFAULTS
+
+# The thresholds an operator may set for one job at run time (``failslow config set --job``),
+# by setting name (FAILSLOW_DETECTION__<NAME>), with the detectors' own name for each.
+TUNABLE: Mapping[str, str] = MappingProxyType({
+    "late_fraction": "late_fraction",
+    "compute_ratio": "compute_ratio",
+    "link_ratio": "link_ratio",
+    "job_slowdown_ratio": "job_slowdown_ratio",
+    "open_after": "open_after",
+    "resolve_after": "resolve_after",
+    "hang_timeout_floor_s": "hang_floor_s",
+    "dead_host_after_s": "dead_after_s",
+    "major_slowdown": "major_slowdown",
+    "critical_slowdown": "critical_slowdown",
+})  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class JobTuning:
+    """What operators set for one job that detection follows: paused (by hand or by a
+    maintenance window: frames are consumed but not analysed), and threshold overrides (setting
+    name -> value, keys of :data:`TUNABLE`)."""
+
+    paused: bool = False
+    overrides: Mapping[str, float] = field(default_factory=dict)
 
 
 class DetectionSettings(BaseModel):
@@ -94,6 +123,12 @@ class DetectionSettings(BaseModel):
         ge=1,
         description="Job slowdown from which an incident is critical (a hang always is).",
     )
+    close_stale_after_s: float = Field(
+        default=900.0,
+        ge=0,
+        description="Open incidents of a job that sent nothing for this long (wall time) close "
+        "as stale, saying when it stopped reporting. 0: never.",
+    )
     top_k: int = Field(
         default=5, ge=0, description="Slowest ranks per job exported with a rank label."
     )
@@ -115,3 +150,17 @@ class DetectionSettings(BaseModel):
         if self.major_slowdown > self.critical_slowdown:
             raise ValueError("detection.major_slowdown must be <= detection.critical_slowdown")
         return self
+
+    def tuned(self, overrides: Mapping[str, object]) -> DetectionSettings:
+        """These settings with ``overrides`` applied and validated like the environment's
+        (ValueError naming the key: not tunable, or a bad value)."""
+        unknown = sorted(set(overrides) - set(TUNABLE))
+        if unknown:
+            raise ValueError(
+                f"{', '.join(unknown)}: not a per-job setting (those are: {', '.join(TUNABLE)})"
+            )
+        return DetectionSettings.model_validate({**self.model_dump(), **overrides})
+
+    def detector_values(self) -> dict[str, float]:
+        """The tunable values by the detectors' names (JobPipeline.tune)."""
+        return {ours: float(getattr(self, name)) for name, ours in TUNABLE.items()}

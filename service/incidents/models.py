@@ -15,6 +15,14 @@ class IncidentState(StrEnum):
     RESOLVED = "resolved"
 
 
+class IncidentResolution(StrEnum):
+    """How a resolved incident ended (``evidence.resolution.closed_as``)."""
+
+    RECOVERED = "recovered"  # the data showed the condition gone
+    MANUAL = "manual"  # an operator resolved it, with a reason
+    STALE = "stale"  # its job stopped reporting
+
+
 class Incident(Base):
     __tablename__ = "incidents"
 

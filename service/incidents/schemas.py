@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from failslow.detectors.vocab import IncidentKind, Severity
-from failslow.service.incidents.models import IncidentState
+from failslow.service.incidents.models import IncidentResolution, IncidentState
 
 
 class IncidentFilter(StrEnum):
@@ -44,3 +44,12 @@ class IncidentOut(BaseModel):
     summary: str
     evidence: dict[str, Any]
     updated_ns: int | None = None
+    resolution: IncidentResolution | None = Field(
+        default=None,
+        description="How it ended: recovered (the data showed it gone), manual (an operator "
+        "resolved it; evidence.resolution says who and why) or stale (its job stopped "
+        "reporting). Null while open.",
+    )
+    onset: str | None = Field(default=None, description="onset_ns as RFC 3339 (UTC).")
+    detected: str | None = Field(default=None, description="detected_ns as RFC 3339 (UTC).")
+    resolved: str | None = Field(default=None, description="resolved_ns as RFC 3339 (UTC).")

@@ -10,9 +10,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from failslow.detectors.vocab import Severity
-from failslow.service.ids import new_id
-from failslow.service.incidents.models import Incident, IncidentState
+from failslow.service.ids import new_id, rfc3339
+from failslow.service.incidents.models import Incident, IncidentResolution, IncidentState
 from failslow.service.incidents.schemas import IncidentFilter, IncidentOut
+from failslow.service.paging import Page
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +140,17 @@ def resolve_incident(
         incident.evidence = {**incident.evidence, "resolution": evidence}
 
 
+def resolve_by_hand(session: Session, *, incident: Incident, actor: str, reason: str,
+                    now_ns: int) -> None:  # fmt: skip
+    """An operator closes an open incident. The detectors are not told: if the condition is
+    still there, no new incident opens for it until they have seen it clear and come back."""
+    resolve_incident(
+        session, incident=incident, resolved_ns=now_ns, resolved_step=None,
+        evidence={"closed_as": IncidentResolution.MANUAL, "by": actor, "reason": reason},
+    )  # fmt: skip
+    incident.summary = f"{incident.summary.rstrip('.')}. Resolved by {actor}: {reason}."
+
+
 def find_open(session: Session, *, job: str, kind: str, subject: str) -> Incident | None:
     return session.scalars(
         select(Incident).where(
@@ -151,13 +163,30 @@ def find_open(session: Session, *, job: str, kind: str, subject: str) -> Inciden
 
 
 def list_incidents(
-    session: Session, *, job: str | None = None, state: str = IncidentFilter.ALL
+    session: Session,
+    *,
+    job: str | None = None,
+    state: str = IncidentFilter.ALL,
+    page: Page | None = None,
 ) -> list[Incident]:
+    """In id (creation) order. With ``page``: those active within its time range (opened
+    before ``until``, not resolved before ``since``), after its cursor, ``limit + 1`` at most
+    (the extra one says that another page follows)."""
     query = select(Incident)
     if job is not None:
         query = query.where(Incident.job_id == job)
     if state != IncidentFilter.ALL:
         query = query.where(Incident.state == state)
+    if page is not None:
+        if page.until_ns is not None:
+            query = query.where(Incident.onset_ns <= page.until_ns)
+        if page.since_ns is not None:
+            query = query.where(
+                Incident.resolved_ns.is_(None) | (Incident.resolved_ns >= page.since_ns)
+            )
+        if page.after is not None:
+            query = query.where(Incident.id > page.after)
+        query = query.limit(page.limit + 1)
     return list(session.scalars(query.order_by(Incident.id)))
 
 
@@ -186,4 +215,15 @@ def to_out(row: Incident) -> IncidentOut:
         summary=row.summary,
         evidence=dict(row.evidence),
         updated_ns=row.updated_ns,
+        resolution=resolution_of(row),
+        onset=rfc3339(row.onset_ns),
+        detected=rfc3339(row.detected_ns),
+        resolved=rfc3339(row.resolved_ns),
     )
+
+
+def resolution_of(row: Incident) -> IncidentResolution | None:
+    if row.state != IncidentState.RESOLVED:
+        return None
+    closed_as = ((row.evidence or {}).get("resolution") or {}).get("closed_as")
+    return IncidentResolution(closed_as) if closed_as else IncidentResolution.RECOVERED

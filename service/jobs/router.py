@@ -17,6 +17,7 @@ from failslow.service.jobs import history as job_history
 from failslow.service.jobs import service as jobs_db
 from failslow.service.jobs import views
 from failslow.service.jobs.schemas import JobDetail, JobSummary, RankOut
+from failslow.service.paging import PageDep, one_page
 from failslow.service.stream.reading import RankState
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -88,11 +89,16 @@ def get_ranks(
 def job_incidents(
     job: JobId,
     session: SessionDep,
+    page: PageDep,
+    request: Request,
+    response: Response,
     state: Annotated[IncidentFilter, Query()] = IncidentFilter.ALL,
 ) -> list[IncidentOut]:
     if jobs_db.get_job(session, job=job) is None:
         raise NotFound(f"no job {job!r}")
-    return [incidents.to_out(r) for r in incidents.list_incidents(session, job=job, state=state)]
+    rows = incidents.list_incidents(session, job=job, state=state, page=page)
+    rows = one_page(rows, page, lambda r: r.id, request, response)
+    return [incidents.to_out(r) for r in rows]
 
 
 def _run_and_summarise(ctx: AppContext, job: str, *, flush: bool, mitigate: bool) -> JobSummary:

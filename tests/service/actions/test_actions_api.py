@@ -108,7 +108,7 @@ def test_a_hang_gets_notify_then_manual_isolate_and_restart(app_client: TestClie
     c.post(f"/v1/jobs/{JOB}/evaluate")
     done = {a["kind"]: a for a in c.get(f"/v1/jobs/{JOB}/actions").json()}
     assert done["isolate"]["state"] == "succeeded" and done["restart"]["state"] == "succeeded"
-    assert done["isolate"]["decided_by"] == "alice"
+    assert done["isolate"]["decided_by"] == "local:testclient"  # the token's, not the body's
     plan = c.get(f"/v1/jobs/{JOB}/plan").json()
     assert plan["excluded_hosts"] == ["h0"] and plan["excluded_ranks"] == [0, 1]
     assert plan["restart_epoch"] == 1 and plan["version"] == 2
@@ -119,7 +119,7 @@ def test_a_hang_gets_notify_then_manual_isolate_and_restart(app_client: TestClie
         ("approved", "executing"),
         ("executing", "succeeded"),
     ]
-    assert trail[1]["actor"] == "alice"
+    assert trail[1]["actor"] == "local:testclient"
     metrics = c.get("/metrics").text
     assert 'failslow_actions_total{kind="isolate",state="succeeded"} 1.0' in metrics
     assert "failslow_plans_published_total 2.0" in metrics

@@ -122,7 +122,8 @@ def test_hang_waits_for_approval_then_isolates_and_restarts(client: TestClient) 
     assert rst["result"]["plan_version"] == 2
     assert max(seen.values()) >= 3  # they stayed proposed while nobody approved
     events = client.get(f"/v1/actions/{iso['id']}/events").json()
-    assert events[1]["actor"] == "closed-loop" and events[1]["to_state"] == "approved"
+    # the actor is the token's (none here: the client's address), not what the body claims
+    assert events[1]["actor"] == "local:testclient" and events[1]["to_state"] == "approved"
     assert len(res.restarts) == 1  # the simulated job restarted without node-002 ...
     resume = res.restarts[0][1]
     assert max(res.step_time) == 89  # ... and ran to the end

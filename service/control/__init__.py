@@ -1,0 +1,1 @@
+"""Runtime control of jobs by operators: mute, pause, maintenance windows, per-job thresholds."""
