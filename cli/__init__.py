@@ -13,8 +13,7 @@ import logging
 import secrets
 import sys
 from collections.abc import Sequence
-
-from pydantic import ValidationError
+from typing import NoReturn
 
 from failslow.wire.process import (  # noqa: F401 - part of the command's interface
     MMAP_THRESHOLD,
@@ -25,7 +24,7 @@ from failslow.wire.process import (  # noqa: F401 - part of the command's interf
 
 
 def _settings(args: argparse.Namespace) -> object:
-    from failslow.service.settings import Settings
+    from failslow.service.settings import SettingsError, from_environment
 
     overrides: dict[str, object] = {}
     for name in ("host", "port", "database_url", "log_level"):
@@ -35,10 +34,14 @@ def _settings(args: argparse.Namespace) -> object:
     if getattr(args, "insecure", False):
         overrides["insecure"] = True
     try:
-        return Settings(**overrides)  # type: ignore[arg-type]
-    except ValidationError as exc:
-        msgs = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
-        raise SystemExit(f"failslow: invalid settings: {msgs}") from None
+        return from_environment(**overrides)
+    except SettingsError as exc:
+        lines = str(exc).splitlines()
+        raise SystemExit(
+            "failslow: cannot start with these settings:\n"
+            + "\n".join(f"  {line}" for line in lines)
+            + "\n(docs/operations.md lists every setting; `failslow serve --help` the flags)"
+        ) from None
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -117,9 +120,26 @@ def cmd_eval(argv: list[str]) -> int:
     return eval_main(argv)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="failslow", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+class Parser(argparse.ArgumentParser):
+    """Bad arguments end in one line that says what to do (status 2), not a usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see `{self.prog} --help`)\n")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("failslow")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="failslow", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"failslow {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     p = sub.add_parser("serve", help="run the service")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
@@ -146,13 +166,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.set_defaults(func=None, eval=True)
 
     from failslow.agents.cli import register as register_agent_commands  # noqa: PLC0415
+    from failslow.cli.ops import register as register_operator_commands  # noqa: PLC0415
     from failslow.harness.cli import register as register_harness_commands  # noqa: PLC0415
     from failslow.relay.cli import register as register_relay_command  # noqa: PLC0415
 
+    register_operator_commands(sub)
     register_agent_commands(sub)
     register_relay_command(sub)
     register_harness_commands(sub)
+    return parser
 
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["eval"]:
         return cmd_eval(argv[1:])
@@ -161,3 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except (ValueError, FileNotFoundError, PermissionError) as exc:
+        # a value the command cannot use (a fault spec, a layout, a file): one line, no trace
+        print(f"failslow {args.command}: {exc}", file=sys.stderr)
+        return 2
