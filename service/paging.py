@@ -29,7 +29,8 @@ class Page:
 
 
 def _ns(t: datetime | None) -> int | None:
-    return None if t is None else int(t.timestamp() * 1e9)
+    """Nanoseconds since the epoch, within what a 64-bit column holds (years 1678-2262)."""
+    return None if t is None else max(-(2**63) + 1, min(2**63 - 1, int(t.timestamp() * 1e9)))
 
 
 def page_params(

@@ -158,6 +158,8 @@ def maintenance(
         end = start + int(body.for_s * 1e9)
     else:
         raise InvalidRequest("a maintenance window needs an end or for_s")
+    if not (0 <= start < 2**62 and end < 2**62):
+        raise InvalidRequest("a maintenance window must lie between 1970 and 2116")
     if end <= max(start, now):
         raise InvalidRequest("a maintenance window must end after its start and after now")
     control.add_window(

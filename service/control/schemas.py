@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+MAX_S = 10 * 366 * 86400.0  # ten years: longer mutes and windows are mistakes
 Reason = Field(min_length=1, max_length=2000, description="Why (recorded in the audit trail).")
 
 
@@ -34,7 +35,7 @@ class Because(BaseModel):
 class MuteIn(BaseModel):
     reason: str = Reason
     for_s: float | None = Field(
-        default=None, gt=0, description="Mute for this long; absent: until unmuted."
+        default=None, gt=0, le=MAX_S, description="Mute for this long; absent: until unmuted."
     )
 
 
@@ -42,11 +43,11 @@ class WindowIn(BaseModel):
     reason: str = Reason
     start: datetime | None = Field(default=None, description="RFC 3339; absent: now.")
     end: datetime | None = Field(default=None, description="RFC 3339; or give for_s.")
-    for_s: float | None = Field(default=None, gt=0, description="Length, from start.")
+    for_s: float | None = Field(default=None, gt=0, le=MAX_S, description="Length, from start.")
 
 
 class SetIn(BaseModel):
-    value: float
+    value: float = Field(allow_inf_nan=False)
     reason: str = Reason
 
 
