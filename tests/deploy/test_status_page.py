@@ -97,7 +97,7 @@ def test_status_page_shows_the_hang_and_approves_an_action(db_url: str, tmp_path
                 )
             )
             assert after["state"] in ("approved", "executing", "succeeded")
-            assert after["decided_by"] == "local:127.0.0.1"  # the token's (none: the client), not the body's
+            assert after["decided_by"] == "local:127.0.0.1"  # the token's, not the body's
             _wait(
                 lambda: [
                     e
