@@ -22,6 +22,9 @@ TOKENS = [
     "tokens.values.operator=operator-token,postgresql.password=pg-password",
 ]
 BACKING = ("nats", "postgresql")  # components that are not failslow itself
+HA = ("-f", str(CHART / "values-ha.yaml"))  # two replicas on NATS and PostgreSQL
+CORE = ("Secret", "Service", "Deployment", "DaemonSet", "StatefulSet", "ServiceAccount",
+        "ClusterRole", "ClusterRoleBinding", "PodDisruptionBudget")  # fmt: skip
 
 helm = shutil.which("helm") or str(Path(sys.executable).with_name("helm"))
 pytestmark = pytest.mark.skipif(
@@ -48,6 +51,24 @@ def render(*extra: str) -> dict[str, dict]:
     return {d["kind"]: d for d in render_all(*extra) if _component(d) not in BACKING}
 
 
+@pytest.mark.parametrize("profile", [(), HA], ids=["default", "ha"])
+def test_every_profile_is_schema_valid_with_standard_labels(profile: tuple[str, ...]) -> None:
+    """The default values and the HA profile: every Kubernetes object valid (strict), with the
+    labels Helm charts carry; selectors only on the stable ones."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    docs = render_all(*profile)
+    for d in docs:
+        if d["kind"] in CORE:
+            kubernetes_validate.validate(d, "1.30.0", strict=True)
+        labels = d["metadata"]["labels"]
+        assert labels["helm.sh/chart"] == "failslow-0.1.0", d["metadata"]["name"]
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        selector = (d.get("spec") or {}).get("selector") or {}
+        assert "helm.sh/chart" not in selector.get("matchLabels", selector)
+    kinds = [d["kind"] for d in docs]
+    assert ("PodDisruptionBudget" in kinds) == bool(profile)  # only with more than one replica
+
+
 def test_lint_strict() -> None:
     res = _helm("lint", "--strict", str(CHART), *TOKENS, check=False)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -64,9 +85,11 @@ def test_renders_every_object_and_core_ones_are_schema_valid(tmp_path: Path) -> 
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
     objs = render()
     assert set(objs) == {
-        "Secret", "Service", "Deployment", "DaemonSet", "ServiceMonitor", "PrometheusRule"
+        "Secret", "Service", "Deployment", "DaemonSet", "ServiceMonitor", "PrometheusRule",
+        "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
     }  # fmt: skip
-    for kind in ("Secret", "Service", "Deployment", "DaemonSet"):
+    for kind in ("Secret", "Service", "Deployment", "DaemonSet", "ServiceAccount", "ClusterRole",
+                 "ClusterRoleBinding"):  # fmt: skip
         # raises ValidationError (unknown or mistyped fields included) on a bad object
         kubernetes_validate.validate(objs[kind], "1.30.0", strict=True)
     with pytest.raises(kubernetes_validate.ValidationError):  # the validator does reject
@@ -120,7 +143,8 @@ def test_values_switch_objects_off_and_use_an_existing_secret() -> None:
         "--set", "monitoring.prometheusRule=false",
         "--set", "tokens.create=false,tokens.existingSecret=my-tokens",
     )  # fmt: skip
-    assert set(objs) == {"Service", "Deployment"}
+    assert set(objs) == {"Service", "Deployment", "ServiceAccount", "ClusterRole",
+                         "ClusterRoleBinding"}  # fmt: skip
     refs = [
         e["valueFrom"]["secretKeyRef"]["name"]
         for c in objs["Deployment"]["spec"]["template"]["spec"]["containers"]
@@ -132,7 +156,7 @@ def test_values_switch_objects_off_and_use_an_existing_secret() -> None:
 
 def test_replicas_share_a_nats_cluster_and_postgresql() -> None:
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
-    docs = render_all()
+    docs = render_all(*HA)
     by = {(d["kind"], _component(d)): d for d in docs}
     for d in docs:
         if d["kind"] in ("Secret", "Service", "Deployment", "DaemonSet", "StatefulSet"):
@@ -163,9 +187,10 @@ def test_replicas_share_a_nats_cluster_and_postgresql() -> None:
 
 
 def test_replicas_without_a_bus_or_a_shared_database_are_refused() -> None:
-    res = _helm("template", "fs", str(CHART), *TOKENS, "--set", "nats.enabled=false", check=False)
+    res = _helm("template", "fs", str(CHART), *TOKENS, *HA, "--set", "nats.enabled=false",
+                check=False)  # fmt: skip
     assert res.returncode != 0 and "needs the bus" in res.stderr
-    res = _helm("template", "fs", str(CHART), *TOKENS, "--set", "postgresql.enabled=false",
+    res = _helm("template", "fs", str(CHART), *TOKENS, *HA, "--set", "postgresql.enabled=false",
                 check=False)  # fmt: skip
     assert res.returncode != 0 and "shared database" in res.stderr
     single = render("--set", "nats.enabled=false,postgresql.enabled=false,service.replicas=1")
@@ -197,3 +222,44 @@ def test_relays_sit_between_the_agents_and_the_service() -> None:
     agent = by[("DaemonSet", "agent")]["spec"]["template"]["spec"]["containers"][0]
     port = svc["spec"]["ports"][0]["port"]
     assert f"--service=http://{svc['metadata']['name']}:{port}" in agent["args"]
+
+
+def test_the_agent_and_the_service_run_as_a_cluster_expects() -> None:
+    objs = render("--set", "monitoring.labels.release=kube-prometheus-stack")
+    ds = objs["DaemonSet"]["spec"]["template"]["spec"]
+    # hostNetwork with the cluster's DNS, so that the service's name resolves
+    assert ds["hostNetwork"] and ds["dnsPolicy"] == "ClusterFirstWithHostNet"
+    agent = ds["containers"][0]
+    assert agent["securityContext"]["allowPrivilegeEscalation"] is False
+    assert agent["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert agent["livenessProbe"]["exec"]["command"][:2] == ["test", "-S"]
+    dep = objs["Deployment"]["spec"]["template"]["spec"]
+    assert dep["serviceAccountName"] == objs["ServiceAccount"]["metadata"]["name"]
+    assert dep["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+    # the Kubernetes actuator may cordon nodes and evict pods, through that ServiceAccount
+    rules = {(r["resources"][0], v) for r in objs["ClusterRole"]["rules"] for v in r["verbs"]}
+    assert {("nodes", "patch"), ("pods/eviction", "create"), ("pods", "list")} <= rules
+    subject = objs["ClusterRoleBinding"]["subjects"][0]
+    assert subject["name"] == objs["ServiceAccount"]["metadata"]["name"]
+    # kube-prometheus selects monitors and rules on its release label
+    for kind in ("ServiceMonitor", "PrometheusRule"):
+        assert objs[kind]["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+
+
+def test_a_hashed_ingest_token_is_refused_for_the_agents() -> None:
+    res = _helm("template", "fs", str(CHART), *TOKENS, "--set",
+                "tokens.values.ingest=sha256:" + "0" * 64, check=False)  # fmt: skip
+    assert res.returncode != 0 and "agents send it as their bearer token" in res.stderr
+
+
+def test_the_training_pod_example_reaches_the_agents_socket() -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    example = CHART.parents[2] / "examples" / "kubernetes" / "training-pod.yaml"
+    pod = yaml.safe_load(example.read_text())
+    kubernetes_validate.validate(pod, "1.30.0", strict=True)
+    ds = render()["DaemonSet"]["spec"]["template"]["spec"]
+    agent_socket = next(a for a in ds["containers"][0]["args"] if a.startswith("--socket="))
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    assert "--socket=" + env["FAILSLOW_SOCKET"] == agent_socket
+    host_dirs = {v["hostPath"]["path"] for v in ds["volumes"] if "hostPath" in v}
+    assert pod["spec"]["volumes"][0]["hostPath"]["path"] in host_dirs

@@ -1,6 +1,15 @@
 {{- define "failslow.name" -}}{{ .Release.Name }}-failslow{{- end -}}
 {{- define "failslow.secret" -}}{{ if .Values.tokens.create }}{{ include "failslow.name" . }}-tokens{{ else }}{{ .Values.tokens.existingSecret }}{{ end }}{{- end -}}
-{{- define "failslow.labels" -}}
+{{/* What selectors match: stable across upgrades (no chart version in them). */}}
+{{- define "failslow.selectorLabels" -}}
 app.kubernetes.io/name: failslow
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
+{{/* Every object's labels: the selector's plus the standard ones of Helm charts. */}}
+{{- define "failslow.labels" -}}
+{{ include "failslow.selectorLabels" . }}
+helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+{{- define "failslow.serviceAccount" -}}{{ default (include "failslow.name" .) .Values.serviceAccount.name }}{{- end -}}
