@@ -38,7 +38,7 @@ from failslow.service.ingest.v2 import router as ingest_v2_router
 from failslow.service.jobs import service as jobs_db
 from failslow.service.jobs.router import router as jobs_router
 from failslow.service.lease import Lease, LeaseHeld
-from failslow.service.live import job_samples, open_by_kind
+from failslow.service.live import job_samples, open_by_job
 from failslow.service.metrics import LiveCollector, Metrics
 from failslow.service.ops.router import router as ops_router
 from failslow.service.plans.router import router as plans_router
@@ -216,7 +216,7 @@ def build_context(settings: Settings) -> AppContext:
         controls, stale, lease,
     )  # fmt: skip
     metrics.add(
-        LiveCollector(jobs=lambda: job_samples(ctx), open_incidents=lambda: open_by_kind(ctx))
+        LiveCollector(jobs=lambda: job_samples(ctx), open_incidents=lambda: open_by_job(ctx))
     )
     return ctx
 

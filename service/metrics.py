@@ -18,18 +18,21 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from failslow.detectors.vocab import IncidentKind
 from failslow.service.stream.reading import JobStateName
 
 log = logging.getLogger(__name__)
 
 DELAY_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
+# The label of the training job. Not ``job``: that is Prometheus' own target label, which a scrape
+# without honor_labels (kube-prometheus' default) would rename to exported_job.
+JOB = "training_job"
 
 
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
         self._request_codes: dict[int, Any] = {}
+        self.top_slots: dict[str, set[int]] = {}  # per job: the top-K ranks exported (live.py)
         self._encodings: dict[str, Any] = {}
         self._kinds: dict[str, Any] = {}
         self.records = Counter(
@@ -189,7 +192,9 @@ class JobSample:
     inflight: int
     pending: int
     watermark_s: float
-    rank_series: list[tuple[int, str, float | None, float | None]]  # rank, host, score, lateness
+    # rank, host, gpu (its index on the host, as DCGM exporter's `gpu` label; "" unknown), score,
+    # lateness
+    rank_series: list[tuple[int, str, str, float | None, float | None]]
     muted: bool = False  # by an operator or a maintenance window: nothing acted on or notified
     paused: bool = False  # detection paused (by hand or by a maintenance window)
 
@@ -201,7 +206,7 @@ class LiveCollector(Collector):
         self,
         *,
         jobs: Callable[[], Iterable[JobSample]],
-        open_incidents: Callable[[], dict[str, int]],
+        open_incidents: Callable[[], dict[tuple[str, str], int]],
     ) -> None:
         self._jobs = jobs
         self._open = open_incidents
@@ -213,68 +218,68 @@ class LiveCollector(Collector):
         started = time.perf_counter()
         ok = 1.0
         step = GaugeMetricFamily(
-            "failslow_job_step_time_seconds", "Recent job step time.", labels=["job"]
+            "failslow_job_step_time_seconds", "Recent job step time.", labels=[JOB]
         )
         base = GaugeMetricFamily(
             "failslow_job_baseline_step_time_seconds",
             "Healthy step time before any incident.",
-            labels=["job"],
+            labels=[JOB],
         )
         slow = GaugeMetricFamily(
-            "failslow_job_slowdown_ratio", "Step time now / baseline.", labels=["job"]
+            "failslow_job_slowdown_ratio", "Step time now / baseline.", labels=[JOB]
         )
         state = GaugeMetricFamily(
-            "failslow_job_state", "1 for the job's current state.", labels=["job", "state"]
+            "failslow_job_state", "1 for the job's current state.", labels=[JOB, "state"]
         )
-        ranks = GaugeMetricFamily("failslow_job_ranks", "Ranks known.", labels=["job"])
-        hosts = GaugeMetricFamily("failslow_job_hosts", "Hosts known.", labels=["job"])
+        ranks = GaugeMetricFamily("failslow_job_ranks", "Ranks known.", labels=[JOB])
+        hosts = GaugeMetricFamily("failslow_job_hosts", "Hosts known.", labels=[JOB])
         stale = GaugeMetricFamily(
-            "failslow_job_stale_hosts", "Hosts without recent envelopes.", labels=["job"]
+            "failslow_job_stale_hosts", "Hosts without recent envelopes.", labels=[JOB]
         )
         muted = GaugeMetricFamily(
             "failslow_job_muted",
             "1 while the job is muted (by hand or a maintenance window): detected, neither "
             "acted on nor notified.",
-            labels=["job"],
+            labels=[JOB],
         )
         paused = GaugeMetricFamily(
             "failslow_job_detection_paused",
             "1 while the job's detection is paused (by hand or a maintenance window).",
-            labels=["job"],
+            labels=[JOB],
         )
         ahead = GaugeMetricFamily(
             "failslow_job_clock_ahead_hosts",
             "Hosts whose clock runs ahead of the job's other hosts (their time is held back).",
-            labels=["job"],
+            labels=[JOB],
         )
         held = CounterMetricFamily(
             "failslow_job_clock_held_back_envelopes",
             "Envelopes whose sent_ns ran ahead of the job's hosts and did not move its time.",
-            labels=["job"],
+            labels=[JOB],
         )
         inflight = GaugeMetricFamily(
             "failslow_job_inflight_collectives",
             "Collectives with a member still inside.",
-            labels=["job"],
+            labels=[JOB],
         )
         pending = GaugeMetricFamily(
-            "failslow_job_pending_collectives", "Collectives being assembled.", labels=["job"]
+            "failslow_job_pending_collectives", "Collectives being assembled.", labels=[JOB]
         )
         wm = GaugeMetricFamily(
-            "failslow_job_watermark_seconds", "Event-time watermark.", labels=["job"]
+            "failslow_job_watermark_seconds", "Event-time watermark.", labels=[JOB]
         )
         score = GaugeMetricFamily(
             "failslow_rank_score_ratio",
             "Rank speed relative to peers (1 = typical); incident ranks and top-K slowest only.",
-            labels=["job", "rank", "host"],
+            labels=[JOB, "rank", "host", "gpu"],
         )
         lateness = GaugeMetricFamily(
             "failslow_rank_lateness_seconds",
             "Time peers waited for the rank per step; incident ranks and top-K slowest only.",
-            labels=["job", "rank", "host"],
+            labels=[JOB, "rank", "host", "gpu"],
         )
         jobs_by_state: dict[str, int] = dict.fromkeys(JobStateName, 0)
-        open_by_kind: dict[str, int] = dict.fromkeys(IncidentKind, 0)
+        open_by_job: dict[tuple[str, str], int] = {}
         try:
             for s in self._jobs():
                 if s.step_time_s is not None:
@@ -296,12 +301,12 @@ class LiveCollector(Collector):
                 inflight.add_metric([s.job], s.inflight)
                 pending.add_metric([s.job], s.pending)
                 wm.add_metric([s.job], s.watermark_s)
-                for rank, host, sc, lt in s.rank_series:
+                for rank, host, gpu, sc, lt in s.rank_series:
                     if sc is not None:
-                        score.add_metric([s.job, str(rank), host], sc)
+                        score.add_metric([s.job, str(rank), host, gpu], sc)
                     if lt is not None:
-                        lateness.add_metric([s.job, str(rank), host], lt)
-            open_by_kind.update(self._open())
+                        lateness.add_metric([s.job, str(rank), host, gpu], lt)
+            open_by_job.update(self._open())
         except Exception:  # noqa: BLE001 - a scrape must not fail because of one job
             log.exception("live metrics collection failed")
             ok = 0.0
@@ -309,10 +314,13 @@ class LiveCollector(Collector):
         for name, count in jobs_by_state.items():
             jobs.add_metric([name], count)
         incidents = GaugeMetricFamily(
-            "failslow_incidents_open", "Open incidents by kind.", labels=["kind"]
+            "failslow_incidents_open",
+            "Open incidents by job and kind, of the jobs this replica owns (with replicas, each "
+            "job's from one of them: sum them for the fleet).",
+            labels=[JOB, "kind"],
         )
-        for kind, count in open_by_kind.items():
-            incidents.add_metric([kind], count)
+        for (job, kind), count in sorted(open_by_job.items()):
+            incidents.add_metric([job, kind], count)
         yield from (
             step,
             base,

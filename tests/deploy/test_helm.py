@@ -7,6 +7,7 @@ ServiceMonitor selects the Service's labels and port, the PrometheusRule's group
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -24,7 +25,7 @@ TOKENS = [
 BACKING = ("nats", "postgresql")  # components that are not failslow itself
 HA = ("-f", str(CHART / "values-ha.yaml"))  # two replicas on NATS and PostgreSQL
 CORE = ("Secret", "Service", "Deployment", "DaemonSet", "StatefulSet", "ServiceAccount",
-        "ClusterRole", "ClusterRoleBinding", "PodDisruptionBudget")  # fmt: skip
+        "ConfigMap", "ClusterRole", "ClusterRoleBinding", "PodDisruptionBudget")  # fmt: skip
 
 helm = shutil.which("helm") or str(Path(sys.executable).with_name("helm"))
 pytestmark = pytest.mark.skipif(
@@ -86,7 +87,7 @@ def test_renders_every_object_and_core_ones_are_schema_valid(tmp_path: Path) -> 
     objs = render()
     assert set(objs) == {
         "Secret", "Service", "Deployment", "DaemonSet", "ServiceMonitor", "PrometheusRule",
-        "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap",
     }  # fmt: skip
     for kind in ("Secret", "Service", "Deployment", "DaemonSet", "ServiceAccount", "ClusterRole",
                  "ClusterRoleBinding"):  # fmt: skip
@@ -121,7 +122,8 @@ def test_objects_fit_together() -> None:
     sm = objs["ServiceMonitor"]
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     assert {e["port"] for e in sm["spec"]["endpoints"]} <= {p["name"] for p in svc["spec"]["ports"]}
-    assert all(e["honorLabels"] for e in sm["spec"]["endpoints"])
+    # no honorLabels: the training job is `training_job`, kube-prometheus' default scrape keeps it
+    assert not any(e.get("honorLabels") for e in sm["spec"]["endpoints"])
 
 
 def test_prometheus_rule_is_the_shipped_rules_and_promtool_accepts_it(tmp_path: Path) -> None:
@@ -140,7 +142,7 @@ def test_prometheus_rule_is_the_shipped_rules_and_promtool_accepts_it(tmp_path: 
 def test_values_switch_objects_off_and_use_an_existing_secret() -> None:
     objs = render(
         "--set", "agent.enabled=false,monitoring.serviceMonitor=false",
-        "--set", "monitoring.prometheusRule=false",
+        "--set", "monitoring.prometheusRule=false,monitoring.dashboards.enabled=false",
         "--set", "tokens.create=false,tokens.existingSecret=my-tokens",
     )  # fmt: skip
     assert set(objs) == {"Service", "Deployment", "ServiceAccount", "ClusterRole",
@@ -216,7 +218,9 @@ def test_relays_sit_between_the_agents_and_the_service() -> None:
     assert dep["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
     c = pod["spec"]["containers"][0]
     service = by[("Service", "service")]
-    upstream = f"--upstream=http://{service['metadata']['name']}:{service['spec']['ports'][0]['port']}"
+    upstream = (
+        f"--upstream=http://{service['metadata']['name']}:{service['spec']['ports'][0]['port']}"
+    )
     assert c["args"][0] == "relay" and upstream in c["args"] and "--host=0.0.0.0" in c["args"]
     assert c["readinessProbe"]["httpGet"]["path"] == "/relayz"
     agent = by[("DaemonSet", "agent")]["spec"]["template"]["spec"]["containers"][0]
@@ -263,3 +267,15 @@ def test_the_training_pod_example_reaches_the_agents_socket() -> None:
     assert "--socket=" + env["FAILSLOW_SOCKET"] == agent_socket
     host_dirs = {v["hostPath"]["path"] for v in ds["volumes"] if "hostPath" in v}
     assert pod["spec"]["volumes"][0]["hostPath"]["path"] in host_dirs
+
+
+def test_the_dashboards_ship_as_a_configmap_for_grafanas_sidecar() -> None:
+    cm = render("--set", "monitoring.dashboards.annotations.grafana_folder=failslow")["ConfigMap"]
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["metadata"]["annotations"] == {"grafana_folder": "failslow"}
+    shipped = CHART.parents[1] / "grafana" / "dashboards"
+    assert {k: json.loads(v) for k, v in cm["data"].items()} == {
+        f"failslow-{f.stem}.json": json.loads(f.read_text()) for f in shipped.glob("*.json")
+    }
+    for board in cm["data"].values():  # the data source is a variable, never a fixed uid
+        assert '"uid": "prometheus"' not in board and "${datasource}" in board

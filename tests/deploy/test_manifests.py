@@ -77,11 +77,13 @@ def test_helm_templates_use_only_defined_values() -> None:
     }
     assert kinds == {
         "Deployment", "DaemonSet", "Service", "ServiceMonitor", "PrometheusRule", "Secret",
-        "StatefulSet",
+        "StatefulSet", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+        "PodDisruptionBudget", "ConfigMap",
     }  # fmt: skip
     rules = chart / "files" / "failslow-rules.yml"
     assert rules.read_text() == (DEPLOY / "prometheus" / "failslow-rules.yml").read_text()
-    assert "honorLabels: true" in (chart / "templates" / "servicemonitor.yaml").read_text()
+    # the training job is `training_job`: kube-prometheus' default scrape (no honorLabels) works
+    assert "honorLabels: true" not in (chart / "templates" / "servicemonitor.yaml").read_text()
 
 
 def test_dockerfile_is_multistage_nonroot_and_healthchecked() -> None:
@@ -124,13 +126,20 @@ def test_slurm_scripts_parse(script: str) -> None:
 
 def test_grafana_provisioning_points_at_the_dashboards() -> None:
     ds = yaml.safe_load((DEPLOY / "grafana/provisioning/datasources/failslow.yml").read_text())
-    uid = ds["datasources"][0]["uid"]
+    assert ds["datasources"][0]["type"] == "prometheus"  # what $datasource picks up
     for f in (DEPLOY / "grafana" / "dashboards").glob("*.json"):
         d = json.loads(f.read_text())
         ids = [p["id"] for p in d["panels"]]
         assert len(ids) == len(set(ids)) and d["uid"]
-        for p in d["panels"]:
-            assert p["datasource"]["uid"] == uid and p["targets"], p["title"]
+        variables = {v["name"]: v for v in d["templating"]["list"]}
+        assert variables["datasource"]["type"] == "datasource"
+        assert variables["datasource"]["query"] == "prometheus"
+        for p in d["panels"]:  # no fixed data source uid: the installed Grafana's is used
+            assert p["datasource"]["uid"] == "${datasource}" and p["targets"], p["title"]
+        if f.stem == "job":  # the per-job dashboard is filtered by its job throughout
+            for p in d["panels"]:
+                for t in p["targets"]:
+                    assert 'training_job="$training_job"' in t["expr"], (p["title"], t["expr"])
 
 
 @pytest.mark.skipif(

@@ -108,17 +108,17 @@ def test_prometheus_scrapes_alerts_and_answers_every_dashboard_query(tmp_path: P
             )
 
         _wait(firing, 60, "FailslowJobHung to fire")
-        assert _query(prom, f'failslow_job_ranks{{job="{JOB}"}} > 0')
+        assert _query(prom, f'failslow_job_ranks{{training_job="{JOB}"}} > 0')
         time.sleep(3)  # a few more scrapes for the rate() panels
         empty = []
         for name, expr in _dashboard_queries():
-            expr = expr.replace("$job", JOB)
+            expr = expr.replace("$training_job", JOB)
             result = _query(prom, expr)
             if not result:
                 empty.append(f"{name}: {expr}")
         assert empty == [], "dashboard queries without data:\n" + "\n".join(empty)
         r = httpx.get(
-            f"{prom}/api/v1/label/job/values",
+            f"{prom}/api/v1/label/training_job/values",
             params={"match[]": "failslow_job_step_time_seconds"},
             timeout=10,
         )

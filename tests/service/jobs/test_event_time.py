@@ -33,4 +33,4 @@ def test_a_host_an_hour_ahead_opens_nothing_and_is_flagged(tmp_path: Path) -> No
         assert client.get("/v1/jobs/clocks/incidents").json() == []  # no hang, nothing
         assert detail["detector"]["clock"]["held_back_envelopes"] == 2
         metrics = client.get("/metrics").text
-        assert 'failslow_job_clock_held_back_envelopes_total{job="clocks"} 2.0' in metrics
+        assert 'failslow_job_clock_held_back_envelopes_total{training_job="clocks"} 2.0' in metrics
