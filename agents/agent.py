@@ -119,6 +119,8 @@ class NodeAgent(Shipping):
         self._wake_sender = threading.Event()
         self._last_seal = time.monotonic()
         self._last_post = time.monotonic()
+        self.last_ok = float("-inf")  # never yet
+        self.started = time.monotonic()
         self._auth_alarm_at = float("-inf")
         self.refused_records = 0  # in envelopes the service refused as invalid
         self._threads: list[threading.Thread] = []
@@ -310,6 +312,23 @@ class NodeAgent(Shipping):
         self.stats.disk_errors = self.outbox.disk_errors
         # refused by the service + dropped by the outbox's bounds (each counted once)
         self.stats.dropped_records = self.refused_records + self.outbox.dropped_records
+
+    def health(self, *, stale_after_s: float = 60.0) -> tuple[bool, dict[str, object]]:
+        """(healthy, what it is based on): every loop thread alive, and the service took an
+        envelope or heartbeat within ``stale_after_s`` (or the agent started less ago)."""
+        dead = [t.name for t in self._threads if not t.is_alive()]
+        now = time.monotonic()
+        since = now - max(self.last_ok, self.started)
+        ok = not dead and since < stale_after_s
+        age = round(now - self.last_ok, 1) if self.last_ok > float("-inf") else None
+        return ok, {
+            "job": self.job,
+            "host": self.host,
+            "dead_threads": dead,
+            "seconds_since_delivery": age,
+            "outbox_envelopes": len(self.outbox),
+            "last_error": self.stats.last_error,
+        }
 
     def write_stats(self) -> None:
         self._refresh_stats()

@@ -56,6 +56,18 @@ def cmd_agent(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     agent.start()
+    health = None
+    if args.metrics_listen:
+        from failslow.agents.health import HealthServer
+
+        try:
+            health = HealthServer(agent, args.metrics_listen).start()
+        except (OSError, ValueError) as exc:
+            print(f"failslow agent: cannot listen on {args.metrics_listen}: {exc}",
+                  file=sys.stderr)  # fmt: skip
+            agent.stop(drain_timeout_s=args.drain_timeout)
+            return 2
+        logging.info("health and metrics on http://%s/healthz, /metrics", health.address)
     probes = None
     if args.probe_listen or args.flight_recorder_dumps or args.nccl_ras_cmd:
         from failslow.agents.probe import ProbeWorker
@@ -94,6 +106,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
     finally:
         if probes is not None:
             probes.stop()
+        if health is not None:
+            health.stop()
         agent.stop(drain_timeout_s=args.drain_timeout)
         logging.info("agent stopped: %s", json.dumps(dataclasses.asdict(agent.stats)))
     return 0
@@ -109,6 +123,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("--input-dir", help="read SDK spool files from this directory instead")
     p.add_argument("--state-dir", help="outbox and state (default var/agent/<job>-<host>)")
+    p.add_argument(
+        "--metrics-listen",
+        help="HOST:PORT for the agent's own /healthz and /metrics (default: not served)",
+    )
     p.add_argument("--token", help="bearer token (or FAILSLOW_TOKEN)")
     p.add_argument("--flush-interval", type=float, default=1.0, help="seconds per envelope")
     p.add_argument(

@@ -46,6 +46,7 @@ class Shipping:
         _lock: threading.Lock
         _stop: threading.Event
         _last_post: float
+        last_ok: float  # monotonic time of the last envelope or heartbeat the service took
         _auth_alarm_at: float
         refused_records: int
 
@@ -71,6 +72,7 @@ class Shipping:
             result = self.sender.post(payload)
         self._last_post = time.monotonic()
         if result.outcome == "ok":
+            self.last_ok = self._last_post
             body = result.body or {}
             self.stats.records_accepted += int(body.get("accepted", 0))
             self.stats.records_duplicate += int(body.get("duplicates", 0))
@@ -169,6 +171,7 @@ class Shipping:
             result = self.sender.post(wire.encode_envelope(env))
         self._last_post = time.monotonic()
         if result.outcome == "ok":
+            self.last_ok = self._last_post
             self.stats.heartbeats += 1
             if self.archive is not None:  # a replay must hear the host as the service did
                 self._archive(

@@ -237,6 +237,8 @@ def test_the_agent_and_the_service_run_as_a_cluster_expects() -> None:
     assert agent["securityContext"]["allowPrivilegeEscalation"] is False
     assert agent["securityContext"]["capabilities"]["drop"] == ["ALL"]
     assert agent["livenessProbe"]["exec"]["command"][:2] == ["test", "-S"]
+    assert agent["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert "--metrics-listen=$(NODE_IP):9101" in agent["args"]
     dep = objs["Deployment"]["spec"]["template"]["spec"]
     assert dep["serviceAccountName"] == objs["ServiceAccount"]["metadata"]["name"]
     assert dep["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
