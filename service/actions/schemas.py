@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 
 from failslow.service.actions.models import Action, ActionEvent
 from failslow.service.actions.vocab import ActionKind, ActionState, Approval
+from failslow.service.ids import rfc3339
 
 
 class ActionOut(BaseModel):
@@ -30,6 +31,17 @@ class ActionOut(BaseModel):
     )
     executed_ns: int | None
     decided_by: str | None
+
+
+    @computed_field(description="created_ns as RFC 3339 (UTC).")  # type: ignore[prop-decorator]
+    @property
+    def created(self) -> str | None:
+        return rfc3339(self.created_ns)
+
+    @computed_field(description="updated_ns as RFC 3339 (UTC).")  # type: ignore[prop-decorator]
+    @property
+    def updated(self) -> str | None:
+        return rfc3339(self.updated_ns)
 
 
 class ActionEventOut(BaseModel):

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 
+from failslow.service.ids import rfc3339
 from failslow.service.stream.reading import JobStateName, RankState
 
 
@@ -22,6 +23,16 @@ class JobSummary(BaseModel):
     first_seen_ns: int
     last_seen_ns: int
     watermark_ns: int = Field(description="Detection has consumed all telemetry up to here.")
+
+    @computed_field(description="first_seen_ns as RFC 3339 (UTC).")  # type: ignore[prop-decorator]
+    @property
+    def first_seen(self) -> str | None:
+        return rfc3339(self.first_seen_ns or None)
+
+    @computed_field(description="last_seen_ns as RFC 3339 (UTC).")  # type: ignore[prop-decorator]
+    @property
+    def last_seen(self) -> str | None:
+        return rfc3339(self.last_seen_ns or None)
 
 
 class JobDetail(JobSummary):
