@@ -20,6 +20,10 @@ def cmd_agent(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s agent: %(message)s"
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per POST is noise
+    if args.job is None:  # every job on the node, the job from each payload
+        from failslow.agents.multicli import cmd_agents
+
+        return cmd_agents(args)
     socket_path = args.socket
     if socket_path is None and args.input_dir is None:
         socket_path = default_socket(args.job)
@@ -116,7 +120,12 @@ def cmd_agent(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("agent", help="run a node agent")
     p.add_argument("--service", required=True, help="service URL, e.g. http://10.0.0.5:8000")
-    p.add_argument("--job", required=True)
+    p.add_argument(
+        "--job",
+        help="the one job to report for; without it, every job whose processes send to the "
+        "socket (default $XDG_RUNTIME_DIR/failslow.sock), each from its own outbox",
+    )
+    p.add_argument("--max-jobs", type=int, default=64, help="without --job: jobs at once")
     p.add_argument("--host", help="this node's name (default: hostname)")
     p.add_argument(
         "--socket", help="Unix datagram socket to read (default $XDG_RUNTIME_DIR or /tmp)"

@@ -27,26 +27,38 @@ def _escape(v: str) -> str:
     return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def exposition(agent: Any, stale_after_s: float = 60.0) -> str:
-    """The agent's metrics in the Prometheus text format (version 0.0.4)."""
-    agent._refresh_stats()
-    labels = f'training_job="{_escape(agent.job)}",host="{_escape(agent.host)}"'
+def exposition(target: Any, stale_after_s: float = 60.0) -> str:
+    """The metrics of a node agent, or of every job's agent of a :class:`JobAgents`, in the
+    Prometheus text format (version 0.0.4): one family per name, a sample per job."""
+    agents = list(target.agents.values()) if hasattr(target, "agents") else [target]
+    families: dict[str, tuple[str, list[str]]] = {}
+
+    def sample(metric: str, kind: str, labels: str, value: float | int) -> None:
+        families.setdefault(metric, (kind, []))[1].append(f"{metric}{{{labels}}} {value}")
+
+    for agent in agents:
+        agent._refresh_stats()
+        labels = f'training_job="{_escape(agent.job)}",host="{_escape(agent.host)}"'
+        for name, value in asdict(agent.stats).items():
+            if not isinstance(value, int) or isinstance(value, bool):
+                continue
+            kind = "counter" if name in COUNTERS else "gauge"
+            sample(f"failslow_agent_{name}" + ("_total" if kind == "counter" else ""), kind,
+                   labels, value)  # fmt: skip
+        ok, info = agent.health(stale_after_s=stale_after_s)
+        sample("failslow_agent_healthy", "gauge", labels, int(ok))
+        if info["seconds_since_delivery"] is not None:
+            sample("failslow_agent_delivery_age_seconds", "gauge", labels,
+                   info["seconds_since_delivery"])  # fmt: skip
+        sample("failslow_agent_uptime_seconds", "gauge", labels,
+               round(time.monotonic() - agent.started, 1))  # fmt: skip
     out = []
-    for name, value in asdict(agent.stats).items():
-        if not isinstance(value, int) or isinstance(value, bool):
-            continue
-        kind = "counter" if name in COUNTERS else "gauge"
-        metric = f"failslow_agent_{name}" + ("_total" if kind == "counter" else "")
-        out += [f"# TYPE {metric} {kind}", f"{metric}{{{labels}}} {value}"]
-    ok, info = agent.health(stale_after_s=stale_after_s)
-    age = info["seconds_since_delivery"]
-    out += ["# TYPE failslow_agent_healthy gauge", f"failslow_agent_healthy{{{labels}}} {int(ok)}"]
-    if age is not None:
-        out += ["# TYPE failslow_agent_delivery_age_seconds gauge",
-                f"failslow_agent_delivery_age_seconds{{{labels}}} {age}"]  # fmt: skip
-    uptime = time.monotonic() - agent.started
-    out += ["# TYPE failslow_agent_uptime_seconds gauge",
-            f"failslow_agent_uptime_seconds{{{labels}}} {uptime:.1f}"]  # fmt: skip
+    for metric, (kind, lines) in families.items():
+        out += [f"# TYPE {metric} {kind}", *lines]
+    if hasattr(target, "agents"):
+        out += ["# TYPE failslow_agent_jobs gauge", f"failslow_agent_jobs {len(agents)}",
+                "# TYPE failslow_agent_refused_job_records_total counter",
+                f"failslow_agent_refused_job_records_total {target.refused_jobs}"]  # fmt: skip
     return "\n".join(out) + "\n"
 
 

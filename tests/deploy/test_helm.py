@@ -281,3 +281,14 @@ def test_the_dashboards_ship_as_a_configmap_for_grafanas_sidecar() -> None:
     }
     for board in cm["data"].values():  # the data source is a variable, never a fixed uid
         assert '"uid": "prometheus"' not in board and "${datasource}" in board
+
+
+def test_one_agent_per_node_serves_every_job_or_one() -> None:
+    args = render()["DaemonSet"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not [a for a in args if a.startswith("--job")]  # the job comes from the records
+    assert "--socket=/run/failslow/failslow.sock" in args
+    one = render("--set", "agent.job=llm")["DaemonSet"]["spec"]["template"]["spec"]
+    assert "--job=llm" in one["containers"][0]["args"]
+    assert "--socket=/run/failslow/failslow-llm.sock" in one["containers"][0]["args"]
+    probe = one["containers"][0]["livenessProbe"]["exec"]["command"]
+    assert probe == ["test", "-S", "/run/failslow/failslow-llm.sock"]

@@ -13,3 +13,5 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- define "failslow.serviceAccount" -}}{{ default (include "failslow.name" .) .Values.serviceAccount.name }}{{- end -}}
+{{/* The socket the training pods send to: one for every job, or one job's. */}}
+{{- define "failslow.agentSocket" -}}{{ if .Values.agent.job }}/run/failslow/failslow-{{ .Values.agent.job }}.sock{{ else }}/run/failslow/failslow.sock{{ end }}{{- end -}}
