@@ -379,9 +379,10 @@ class Demo:
             f"`failslow serve --database-url sqlite:///{self.work}/failslow.db`):\n"
             f"  {self.url}/docs                       the API, live\n"
             f"  {self.url}/metrics                    Prometheus metrics\n"
-            f"  curl {self.url}/v1/jobs/{JOB}/incidents\n"
-            f"  curl {self.url}/v1/jobs/{JOB}/actions      what the policy decided, and why\n"
+            f"  failslow get incidents --url {self.url}\n"
+            f"  failslow describe incident ID --url {self.url}   evidence, actions, timeline\n"
+            f"  failslow get actions --url {self.url} -o wide    what the policy decided, and why\n"
             f"  curl {self.url}/v1/jobs/{JOB}/plan         the plan the job follows\n"
-            f"  curl {self.url}/v1/jobs/{JOB}/ranks"
+            f"  {self.url}/ui                         the status page (docs/operations.md: on call)"
         )
         return 0 if ok else 1
