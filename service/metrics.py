@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -23,6 +24,18 @@ from failslow.service.stream.reading import JobStateName
 log = logging.getLogger(__name__)
 
 DELAY_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
+
+
+class Event(StrEnum):
+    """What is told to event sinks (OpenTelemetry logs: service/otel.py) as it happens."""
+
+    INCIDENT_OPENED = "failslow.incident.opened"
+    INCIDENT_RESOLVED = "failslow.incident.resolved"
+    ACTION = "failslow.action"  # an action changed state
+
+
+EventSink = Callable[[Event, dict[str, Any]], None]
+
 # The label of the training job. Not ``job``: that is Prometheus' own target label, which a scrape
 # without honor_labels (kube-prometheus' default) would rename to exported_job.
 JOB = "training_job"
@@ -33,6 +46,7 @@ class Metrics:
         r = self.registry = CollectorRegistry(auto_describe=True)
         self._request_codes: dict[int, Any] = {}
         self.top_slots: dict[str, set[int]] = {}  # per job: the top-K ranks exported (live.py)
+        self.sinks: list[EventSink] = []  # where events go besides the log (service/otel.py)
         self._encodings: dict[str, Any] = {}
         self._kinds: dict[str, Any] = {}
         self.records = Counter(
@@ -172,6 +186,20 @@ class Metrics:
     def refused_row(self, row: str) -> None:
         """Count a row of ingest accounting the database refused for good (``salvage.Row``)."""
         self.refused_rows.labels(str(row)).inc()
+
+    def action(self, kind: str, state: str, **attrs: Any) -> None:
+        """An action reached ``state``: counted (failslow_actions_total) and told to the sinks."""
+        self.actions.labels(kind, state).inc()
+        if self.sinks:
+            self.emit(Event.ACTION, {"kind": kind, "state": state, **attrs})
+
+    def emit(self, event: Event, attrs: dict[str, Any]) -> None:
+        """Tell every sink; a failing sink is logged, never raised into the caller."""
+        for sink in self.sinks:
+            try:
+                sink(event, attrs)
+            except Exception:  # noqa: BLE001 - telemetry of telemetry must not break detection
+                log.exception("event sink failed for %s", event)
 
     def add(self, collector: Collector) -> None:
         self.registry.register(collector)

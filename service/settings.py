@@ -22,6 +22,7 @@ from failslow.service.auth import AuthSettings, hash_token
 from failslow.service.bus.settings import BusSettings
 from failslow.service.detection.settings import DetectionSettings
 from failslow.service.ingest.settings import IngestSettings
+from failslow.service.otel import OtelSettings
 from failslow.service.probes.settings import ProbeSettings
 from failslow.service.stream.settings import StateSettings
 
@@ -123,6 +124,10 @@ class Settings(BaseSettings):
         default_factory=ActionsSettings, description="Mitigation policy and actuators."
     )
     probes: ProbeSettings = Field(default_factory=ProbeSettings, description="Active probes.")
+    otel: OtelSettings = Field(
+        default_factory=OtelSettings,
+        description="Metrics and events to an OpenTelemetry collector over OTLP/HTTP.",
+    )
     bus: BusSettings = Field(
         default_factory=BusSettings,
         description="Replicas on NATS JetStream (docs/replicas.md); off by default. With a bus "

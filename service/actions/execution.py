@@ -75,7 +75,9 @@ class Executor:
                 dry_run=row.dry_run,
             )
             actuator_name = row.actuator
-        self.metrics.actions.labels(request.kind, ActionState.EXECUTING).inc()
+        about = {"training_job": request.job, "action": action_id, "target": request.target,
+                 "incident": request.incident or ""}  # fmt: skip
+        self.metrics.action(request.kind, ActionState.EXECUTING, **about)
         state = self.jobs.get(request.job)
         event_ns = state.watermark_ns if state is not None else 0
         numbers = self.detection.numbers(request.job)
@@ -105,7 +107,7 @@ class Executor:
             assert row is not None
             actions.finish(s, action=row, ok=ok, result=result, now_ns=self.clock())
             final = row.state
-        self.metrics.actions.labels(request.kind, final).inc()
+        self.metrics.action(request.kind, final, **about, result=str(result)[:2000])
         log.info("action %s %s: %s", action_id, final, result)
         return final
 

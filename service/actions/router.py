@@ -110,7 +110,8 @@ def _decide(
     control.audit(session, actor=actor, verb=verb, job=row.job_id, target=row.id, reason=note,
                   detail={"kind": row.kind, "state": row.state}, now_ns=now)  # fmt: skip
     session.commit()
-    ctx.metrics.actions.labels(row.kind, row.state).inc()
+    ctx.metrics.action(row.kind, row.state, training_job=row.job_id, action=row.id,
+                       incident=row.incident_id or "", target=row.target, actor=actor)  # fmt: skip
     return to_out(row)
 
 

@@ -276,9 +276,11 @@ class Mitigation:
             event_ns=view.watermark_ns,
         )
         if created:
-            self.metrics.actions.labels(spec.kind, ActionState.PROPOSED).inc()
+            about = {"training_job": job, "action": action.id, "target": action.target,
+                     "incident": action.incident_id or "", "reason": action.reason}  # fmt: skip
+            self.metrics.action(spec.kind, ActionState.PROPOSED, **about)
             if action.state == ActionState.APPROVED:
-                self.metrics.actions.labels(spec.kind, ActionState.APPROVED).inc()
+                self.metrics.action(spec.kind, ActionState.APPROVED, **about)
             log.info(
                 "action %s %s %s (%s): %s",
                 action.id,

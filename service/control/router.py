@@ -29,6 +29,7 @@ from failslow.service.ids import rfc3339
 from failslow.service.incidents import service as incidents
 from failslow.service.incidents.models import IncidentState
 from failslow.service.incidents.schemas import IncidentOut
+from failslow.service.metrics import Event
 
 router = APIRouter(tags=["control"])
 Key = Annotated[str, Path(max_length=64, description="A tunable key: detection.<name>.")]
@@ -317,6 +318,7 @@ def unset_job(
 def resolve(
     id: Annotated[str, Path(max_length=40)],
     body: Because,
+    ctx: CtxDep,
     session: SessionDep,  # noqa: A002
     actor: ActorDep,
 ) -> IncidentOut:
@@ -337,6 +339,8 @@ def resolve(
         now_ns=now,
     )
     session.commit()
+    ctx.metrics.resolved.labels(row.kind).inc()
+    ctx.metrics.emit(Event.INCIDENT_RESOLVED, incidents.incident_attrs(row))
     return incidents.to_out(row)
 
 

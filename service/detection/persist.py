@@ -16,9 +16,10 @@ from failslow.detectors.vocab import FindingStatus, IncidentKind, Severity, Subj
 from failslow.service.detection.text import summary_for
 from failslow.service.incidents import service as incidents
 from failslow.service.incidents.models import Incident, IncidentState
+from failslow.service.incidents.service import incident_attrs
 from failslow.service.jobs import history as job_history
 from failslow.service.jobs.models import JobHistory, RankHistoryBucket
-from failslow.service.metrics import Metrics
+from failslow.service.metrics import Event, Metrics
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,7 @@ class IncidentWriter:
             open_ids[key] = row.id
             if created:
                 self.metrics.opened.labels(f.kind).inc()
+                self.metrics.emit(Event.INCIDENT_OPENED, incident_attrs(row))
                 self.metrics.delay.labels(f.kind).observe(
                     max(0.0, (f.detected_ns - f.onset_ns) / 1e9)
                 )
@@ -152,6 +154,7 @@ class IncidentWriter:
             row.summary = row.summary.rstrip(".") + "." + at
             open_ids.pop(key, None)
             self.metrics.resolved.labels(f.kind).inc()
+            self.metrics.emit(Event.INCIDENT_RESOLVED, incident_attrs(row))
             log.info("incident %s resolved", row.id)
 
 

@@ -23,7 +23,7 @@ from failslow.service.ids import rfc3339
 from failslow.service.incidents import service as incidents
 from failslow.service.incidents.models import Incident, IncidentResolution, IncidentState
 from failslow.service.jobs import service as jobs_db
-from failslow.service.metrics import Metrics
+from failslow.service.metrics import Event, Metrics
 from failslow.service.stream.registry import JobRegistry
 
 log = logging.getLogger(__name__)
@@ -94,4 +94,5 @@ class StaleCloser:
         )
         self.metrics.resolved.labels(row.kind).inc()
         self.metrics.incidents_closed_stale.labels(row.kind).inc()
+        self.metrics.emit(Event.INCIDENT_RESOLVED, incidents.incident_attrs(row))
         log.info("incident %s closed as stale (job %s silent %.0f s)", row.id, row.job_id, silent_s)

@@ -222,6 +222,16 @@ def to_out(row: Incident) -> IncidentOut:
     )
 
 
+def incident_attrs(row: Incident) -> dict[str, Any]:
+    """An incident as an event's attributes (OpenTelemetry: flat, scalar or lists)."""
+    return {
+        "training_job": row.job_id, "incident": row.id, "kind": row.kind, "state": row.state,
+        "severity": row.severity, "hosts": list(row.hosts), "ranks": list(row.ranks),
+        "onset_ns": row.onset_ns, "detected_ns": row.detected_ns,
+        "resolution": str(resolution_of(row) or ""), "summary": row.summary,
+    }  # fmt: skip
+
+
 def resolution_of(row: Incident) -> IncidentResolution | None:
     if row.state != IncidentState.RESOLVED:
         return None
