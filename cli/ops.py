@@ -42,21 +42,18 @@ def cmd_get(args: argparse.Namespace) -> int:
     since_ns = _since_ns(args)
     since = None if since_ns is None else rfc3339(since_ns)
     if what == "jobs":
-        rows = c.get("/v1/jobs")
+        rows = c.listing("/v1/jobs", most=args.limit)
     elif what in ("incidents", "actions"):
         path = f"/v1/jobs/{args.job}/{what}" if args.job else f"/v1/{what}"
         state = args.state or ("all" if what == "incidents" else None)
         rows = c.listing(path, most=args.limit, state=state, since=since)
     elif what == "ranks":
-        rows = c.get(f"/v1/jobs/{args.job}/ranks")
-        if args.state:
-            rows = [r for r in rows if r["state"] == args.state]
+        rows = c.listing(f"/v1/jobs/{args.job}/ranks", most=args.limit, state=args.state,
+                         limit=10_000)  # fmt: skip
     else:
         rows = c.get("/v1/audit", job=args.job, limit=args.limit or 100)
         if since_ns is not None:
             rows = [r for r in rows if r["at_ns"] >= since_ns]
-    if args.limit and what in ("jobs", "ranks"):
-        rows = rows[: args.limit]
     emit(what, rows, args.output)
     return 0
 

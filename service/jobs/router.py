@@ -17,15 +17,26 @@ from failslow.service.jobs import history as job_history
 from failslow.service.jobs import service as jobs_db
 from failslow.service.jobs import views
 from failslow.service.jobs.schemas import JobDetail, JobSummary, RankOut
-from failslow.service.paging import PageDep, one_page
+from failslow.service.paging import DEFAULT_LIMIT, MAX_LIMIT, Page, PageDep, one_page
 from failslow.service.stream.reading import RankState
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 
 @router.get("", response_model=list[JobSummary], dependencies=[ReadAuth], summary="List jobs")
-def list_jobs(ctx: CtxDep, session: SessionDep) -> list[JobSummary]:
+def list_jobs(
+    ctx: CtxDep,
+    session: SessionDep,
+    request: Request,
+    response: Response,
+    after: Annotated[
+        str | None, Query(max_length=128, description="The previous page's cursor")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="Jobs per page")] = DEFAULT_LIMIT,
+) -> list[JobSummary]:
     counts = views.open_counts(session)
+    rows = [r for r in jobs_db.list_jobs(session) if after is None or r.id > after][: limit + 1]
+    page = Page(after=after, limit=limit)
     return [
         views.summary(
             row,
@@ -33,7 +44,7 @@ def list_jobs(ctx: CtxDep, session: SessionDep) -> list[JobSummary]:
             detection=ctx.detection,
             kinds=counts.get(row.id, {}),
         )
-        for row in jobs_db.list_jobs(session)
+        for row in one_page(rows, page, lambda r: r.id, request, response)
     ]
 
 
@@ -56,12 +67,18 @@ def get_ranks(
     job: JobId,
     ctx: CtxDep,
     session: SessionDep,
+    request: Request,
+    response: Response,
     state: Annotated[
         list[RankState] | None,
         Query(
             description="Only ranks in these states (repeat it for several): at 100K ranks "
             "the whole list is ~9 MB"
         ),
+    ] = None,
+    after: Annotated[int | None, Query(ge=-1, description="The previous page's cursor")] = None,
+    limit: Annotated[
+        int | None, Query(ge=1, le=MAX_LIMIT * 10, description="Ranks per page (default: all)")
     ] = None,
 ) -> list[RankOut]:
     if jobs_db.get_job(session, job=job) is None:
@@ -72,12 +89,19 @@ def get_ranks(
         for r in inc.ranks:
             if incident_ranks.get(r) != IncidentKind.HANG:
                 incident_ranks[r] = inc.kind
-    return views.ranks(
+    out = views.ranks(
         job_state,
         detection=ctx.detection,
         incident_ranks=incident_ranks,
         states=frozenset(state) if state else None,
     )
+    if after is None and limit is None:
+        return out
+    out = sorted((r for r in out if after is None or r.rank > after), key=lambda r: r.rank)
+    if limit is None:
+        return out
+    page = Page(limit=limit)
+    return one_page(out[: limit + 1], page, lambda r: str(r.rank), request, response)
 
 
 @router.get(

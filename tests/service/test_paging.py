@@ -104,3 +104,31 @@ def test_cursor_pages_and_time_ranges(tmp_path: Path) -> None:
         assert c.get("/v1/actions?after=bogus").status_code == 422
         assert c.get("/v1/incidents?limit=0").status_code == 422
         assert c.get("/v1/incidents?since=yesterday").status_code == 422
+
+
+def test_jobs_and_ranks_page_too(tmp_path: Path) -> None:
+    from failslow.harness.simulator import Layout, Scenario
+
+    app = create_app(Settings(database_url=f"sqlite:///{tmp_path}/r.db"))
+    with TestClient(app) as c:
+        for job in ("a", "b", "c"):
+            sc = Scenario(job=job, layout=Layout(tp=2, pp=1, dp=4, gpus_per_host=4), steps=20)
+            for env in sc.envelopes():
+                c.post("/v1/ingest", json=env)
+        ids, pages = _all_by(c, "/v1/jobs?limit=2", "job")
+        assert ids == ["a", "b", "c"] and pages == 2
+        ranks, pages = _all_by(c, "/v1/jobs/b/ranks?limit=3", "rank")
+        assert ranks == list(range(8)) and pages == 3
+        assert len(c.get("/v1/jobs/b/ranks").json()) == 8  # without a limit: all, as before
+
+
+def _all_by(c: TestClient, url: str, key: str) -> tuple[list[object], int]:
+    got, pages = [], 0
+    while url:
+        r = c.get(url)
+        assert r.status_code == 200
+        got += [x[key] for x in r.json()]
+        pages += 1
+        link = r.headers.get("link")
+        url = link.split(">")[0].lstrip("<").replace("http://testserver", "") if link else ""
+    return got, pages
