@@ -18,6 +18,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,33 @@ class AgentStats:
     outbox_in_memory: int = 0  # envelopes held in memory because the disk did not take them
     disk_errors: int = 0  # outbox writes that failed (full or broken disk)
     last_error: str | None = None
+
+
+def bind_socket(path: str) -> socket.socket:
+    """The Unix datagram socket the training processes send to (mode 0660), bound afresh."""
+    where = Path(path)
+    where.parent.mkdir(parents=True, exist_ok=True)
+    where.unlink(missing_ok=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 * 1024 * 1024)
+    sock.bind(str(where))
+    os.chmod(where, 0o660)
+    sock.settimeout(0.2)
+    return sock
+
+
+def receive(sock: socket.socket, stop: threading.Event, handle: Callable[[bytes], None]) -> None:
+    """Hand every datagram to ``handle`` until ``stop`` is set."""
+    while not stop.is_set():
+        try:
+            payload = sock.recv(1 << 18)
+        except TimeoutError:
+            continue
+        except OSError:
+            if stop.is_set():
+                break
+            raise
+        handle(payload)
 
 
 class NodeAgent(Shipping):
@@ -260,25 +288,8 @@ class NodeAgent(Shipping):
 
     def _socket_loop(self) -> None:
         assert self.socket_path is not None
-        path = Path(self.socket_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.unlink(missing_ok=True)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 * 1024 * 1024)
-        sock.bind(str(path))
-        os.chmod(path, 0o660)
-        sock.settimeout(0.2)
-        self._sock = sock
-        while not self._stop.is_set():
-            try:
-                payload = sock.recv(1 << 18)
-            except TimeoutError:
-                continue
-            except OSError:
-                if self._stop.is_set():
-                    break
-                raise
-            self.add_payload(payload)
+        self._sock = bind_socket(self.socket_path)
+        receive(self._sock, self._stop, self.add_payload)
 
     def _spool_loop(self) -> None:
         assert self.input_dir is not None

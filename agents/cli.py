@@ -59,19 +59,10 @@ def cmd_agent(args: argparse.Namespace) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    agent.start()
-    health = None
-    if args.metrics_listen:
-        from failslow.agents.health import HealthServer
+    from failslow.agents.health import serve_health
 
-        try:
-            health = HealthServer(agent, args.metrics_listen).start()
-        except (OSError, ValueError) as exc:
-            print(f"failslow agent: cannot listen on {args.metrics_listen}: {exc}",
-                  file=sys.stderr)  # fmt: skip
-            agent.stop(drain_timeout_s=args.drain_timeout)
-            return 2
-        logging.info("health and metrics on http://%s/healthz, /metrics", health.address)
+    health = serve_health(agent, args.metrics_listen)  # before the agent starts: nothing to undo
+    agent.start()
     probes = None
     if args.probe_listen or args.flight_recorder_dumps or args.nccl_ras_cmd:
         from failslow.agents.probe import ProbeWorker

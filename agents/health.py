@@ -105,3 +105,14 @@ class HealthServer:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def serve_health(target: Any, listen: str | None) -> HealthServer | None:
+    """Start the health server for ``target`` on ``listen`` (None: not served); raises
+    SystemExit with a one-line message when it cannot listen."""
+    if not listen:
+        return None
+    try:
+        return HealthServer(target, listen).start()
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"failslow agent: cannot listen on {listen}: {exc}") from None

@@ -12,7 +12,6 @@ with envelopes left in its outbox is started again so that nothing is lost. At m
 from __future__ import annotations
 
 import logging
-import os
 import re
 import socket
 import threading
@@ -24,7 +23,7 @@ from typing import Any
 import orjson
 
 from failslow.agents import wire
-from failslow.agents.agent import NodeAgent
+from failslow.agents.agent import NodeAgent, bind_socket, receive
 
 log = logging.getLogger(__name__)
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}")  # the API's identifier
@@ -110,25 +109,8 @@ class JobAgents:
 
     # -- loops ---------------------------------------------------------------------------------
     def _socket_loop(self) -> None:
-        path = Path(self.socket_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.unlink(missing_ok=True)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 * 1024 * 1024)
-        sock.bind(str(path))
-        os.chmod(path, 0o660)
-        sock.settimeout(0.2)
-        self._sock = sock
-        while not self._stop.is_set():
-            try:
-                payload = sock.recv(1 << 18)
-            except TimeoutError:
-                continue
-            except OSError:
-                if self._stop.is_set():
-                    break
-                raise
-            self.add_payload(payload)
+        self._sock = bind_socket(self.socket_path)
+        receive(self._sock, self._stop, self.add_payload)
 
     def _reap_loop(self) -> None:
         while not self._stop.wait(min(30.0, self.idle_after_s / 4)):

@@ -65,18 +65,11 @@ def cmd_agents(args: argparse.Namespace) -> int:
             ).start()  # fmt: skip
 
     agents = JobAgents(socket_path=socket_path, state_root=state_root, make_agent=make_agent,
-                       make_probes=make_probes, max_jobs=args.max_jobs).start()  # fmt: skip
-    health = None
-    if args.metrics_listen:
-        from failslow.agents.health import HealthServer
+                       make_probes=make_probes, max_jobs=args.max_jobs)  # fmt: skip
+    from failslow.agents.health import serve_health
 
-        try:
-            health = HealthServer(agents, args.metrics_listen).start()
-        except (OSError, ValueError) as exc:
-            print(f"failslow agent: cannot listen on {args.metrics_listen}: {exc}",
-                  file=sys.stderr)  # fmt: skip
-            agents.stop(drain_timeout_s=args.drain_timeout)
-            return 2
+    health = serve_health(agents, args.metrics_listen)  # before the agents start
+    agents.start()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
