@@ -201,7 +201,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         status["ready"] = c.get("/readyz").get("status")
     except ClientError as exc:
         status["ready"] = str(exc).removeprefix("failslow: ")
-    status["replica"] = c.get("/v1/replica")
+    status["replica"] = replica = c.get("/v1/replica")
+    if replica.get("bus"):
+        owned = replica.get("owned", {})
+        status["partitions_owned"] = len(owned)
+        # behind: stream sequences between the partition's newest message and what is applied
+        status["lag_max_seq"] = max((p.get("behind") or 0 for p in owned.values()), default=0)
     jobs = c.get("/v1/jobs")
     status["jobs"] = len(jobs)
     status["jobs_by_state"] = {

@@ -124,6 +124,14 @@ class Bus:
             await self.nc.drain()
 
     # -- ingest side -----------------------------------------------------------------------------
+    async def last_seq(self, partition: int) -> int | None:
+        """The stream sequence of the partition's newest message (None: none, or NATS away)."""
+        try:
+            msg = await self.js.get_last_msg(self.settings.stream, self.subject(partition))
+        except Exception:  # noqa: BLE001 - no message yet, or the server away: unknown
+            return None
+        return int(msg.seq) if msg.seq is not None else None
+
     def subject(self, partition: int) -> str:
         return f"{self.settings.subject}.{partition}"
 

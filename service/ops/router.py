@@ -45,4 +45,10 @@ async def replica(ctx: CtxDep) -> dict[str, object]:
     owns, the claim's epoch, the committed stream position and the jobs held (docs/replicas.md)."""
     if ctx.ownership is None:
         return {"bus": False}
-    return {"bus": True, **ctx.ownership.describe()}
+    out = {"bus": True, **ctx.ownership.describe()}
+    if ctx.bus is not None:  # lag: the partition's newest message vs what is applied here
+        for p, part in out["owned"].items():  # type: ignore[attr-defined]
+            last = await ctx.bus.last_seq(int(p))
+            part["stream_last_seq"] = last
+            part["behind"] = 0 if last is None else max(0, last - int(part["applied_through"]))
+    return out

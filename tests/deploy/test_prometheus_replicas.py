@@ -5,6 +5,7 @@ job keeps its own label, and the fleet totals of the dashboards are the fleet's,
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
@@ -93,6 +94,10 @@ def test_two_replicas_count_each_job_once(postgres: Any, tmp_path: Path) -> None
             assert {s["metric"]["job"] for s in series} == {"fs-failslow"}
             assert not _query(prom, '{exported_job=~".+"}')
             by_job = _query(prom, "count by (training_job) (failslow_job_ranks)")
+            # `failslow status`: every partition owned once, nothing left unapplied
+            status = [_status(u) for u in urls]
+            assert sum(s["partitions_owned"] for s in status) == 8
+            assert _wait_lag(urls) == 0
             assert {s["metric"]["training_job"]: s["value"][1] for s in by_job} == dict.fromkeys(
                 JOBS, "1"
             )  # one replica exports each job
@@ -100,3 +105,18 @@ def test_two_replicas_count_each_job_once(postgres: Any, tmp_path: Path) -> None
             stop(prom_proc)
             for p in procs:
                 stop(p)
+
+
+def _status(url: str) -> dict[str, Any]:
+    r = subprocess.run([*CLI, "status", "--url", url, "-o", "json"], capture_output=True,
+                       text=True, timeout=60, check=True)  # fmt: skip
+    return json.loads(r.stdout)  # type: ignore[no-any-return]
+
+
+def _wait_lag(urls: list[str]) -> int:
+    deadline = time.monotonic() + 30
+    while True:
+        lag = max(_status(u)["lag_max_seq"] for u in urls)
+        if lag == 0 or time.monotonic() > deadline:
+            return lag  # type: ignore[no-any-return]
+        time.sleep(0.5)
