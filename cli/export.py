@@ -71,14 +71,15 @@ def write(rows: list[dict[str, Any]], out: Path, fmt: str) -> None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     c = Client(resolve_target(args.url, args.token, args.context))
-    since = None
+    since = since_ns = None
     if args.since:
-        since = _utc(int((datetime.now(UTC).timestamp() - parse_duration(args.since)) * 1e9))
+        since_ns = int((datetime.now(UTC).timestamp() - parse_duration(args.since)) * 1e9)
+        since = _utc(since_ns)
     if args.what == "history":
         if not args.job:
             raise ClientError("export history needs --job JOB")
         body = c.get(f"/v1/jobs/{args.job}/history", buckets=2000, max_ranks=1_000_000)
-        rows = history_rows(body)
+        rows = [r for r in history_rows(body) if since_ns is None or r["end_ns"] >= since_ns]
     else:
         path = f"/v1/jobs/{args.job}/{args.what}" if args.job else f"/v1/{args.what}"
         rows = [flat(r) for r in c.listing(path, since=since, limit=1000)]
@@ -92,7 +93,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser("export", help="incidents, actions or a job's history as CSV or Parquet")
     p.add_argument("what", choices=WHAT)
     p.add_argument("--job", help="one job (required for history)")
-    p.add_argument("--since", help="incidents active / actions made within this long (7d)")
+    p.add_argument("--since", help="incidents active, actions made, history buckets ended "
+                   "within this long (7d)")  # fmt: skip
     p.add_argument("--format", choices=FORMATS, default="csv")
     p.add_argument("--out", help="file (default <what>[-<job>].<format>)")
     g = p.add_argument_group("connection")
