@@ -6,13 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import pytest
 
 from failslow.service.settings import DetectionSettings, Settings
-from tests.cli.test_oncall import feed
+from tests.cli.test_oncall import cli, feed
 from tests.live import live_service, wait_for
 
 
-def test_a_silent_jobs_incident_closes_as_stale(tmp_path: Path) -> None:
+def test_a_silent_jobs_incident_closes_as_stale(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     settings = Settings(
         database_url=f"sqlite:///{tmp_path}/stale.db",
         detection=DetectionSettings(interval_s=0.05, close_stale_after_s=4),
@@ -24,9 +27,10 @@ def test_a_silent_jobs_incident_closes_as_stale(tmp_path: Path) -> None:
             ("slow_gpu", "open")
         ]
 
-        def closed() -> list[dict[str, object]]:
-            rows = httpx.get(f"{url}/v1/incidents", params={"state": "open"}).json()
-            return [] if rows else httpx.get(f"{url}/v1/incidents").json()
+        def closed() -> list[dict[str, object]]:  # as on call: failslow get incidents -o json
+            if cli(capsys, url, "get", "incidents", "--state", "open"):
+                return []
+            return cli(capsys, url, "get", "incidents")  # type: ignore[no-any-return]
 
         rows = wait_for(closed, 20)
         assert rows and all(r["resolution"] == "stale" for r in rows)
