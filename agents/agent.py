@@ -58,15 +58,16 @@ class AgentStats:
     last_error: str | None = None
 
 
-def bind_socket(path: str) -> socket.socket:
-    """The Unix datagram socket the training processes send to (mode 0660), bound afresh."""
+def bind_socket(path: str, mode: int = 0o660) -> socket.socket:
+    """The Unix datagram socket the training processes send to, bound afresh; ``mode``: who
+    may send (0660: the agent's user and group; 0666: any local user)."""
     where = Path(path)
     where.parent.mkdir(parents=True, exist_ok=True)
     where.unlink(missing_ok=True)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 * 1024 * 1024)
     sock.bind(str(where))
-    os.chmod(where, 0o660)
+    os.chmod(where, mode)
     sock.settimeout(0.2)
     return sock
 
@@ -105,6 +106,7 @@ class NodeAgent(Shipping):
         inspector: Any = None,
         archive: str | None = None,
         protocol: str = "v2",
+        socket_mode: int = 0o660,
     ) -> None:
         """``inspector``: an :class:`failslow.agents.sources.nccl_inspector.InspectorSource` to poll
         (NCCL Inspector dumps), next to the SDK's socket or spool directory. ``archive``: a
@@ -114,6 +116,7 @@ class NodeAgent(Shipping):
         self.inspector = inspector
         self.host = host or socket.gethostname()
         self.socket_path = socket_path
+        self.socket_mode = socket_mode
         self.input_dir = Path(input_dir) if input_dir else None
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -288,7 +291,7 @@ class NodeAgent(Shipping):
 
     def _socket_loop(self) -> None:
         assert self.socket_path is not None
-        self._sock = bind_socket(self.socket_path)
+        self._sock = bind_socket(self.socket_path, self.socket_mode)
         receive(self._sock, self._stop, self.add_payload)
 
     def _spool_loop(self) -> None:

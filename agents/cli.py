@@ -12,6 +12,14 @@ import sys
 import threading
 
 
+def octal_mode(text: str) -> int:
+    """``--socket-mode``: permission bits in octal (660, 0666)."""
+    mode = int(text, 8)
+    if not 0 <= mode <= 0o777:
+        raise ValueError(text)
+    return mode
+
+
 def cmd_agent(args: argparse.Namespace) -> int:
     from failslow.agents.agent import NodeAgent
     from failslow.agents.sdk import default_socket
@@ -55,6 +63,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         inspector=inspector,
         archive=args.archive,
         protocol=args.protocol,
+        socket_mode=args.socket_mode,
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -120,6 +129,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--host", help="this node's name (default: hostname)")
     p.add_argument(
         "--socket", help="Unix datagram socket to read (default $XDG_RUNTIME_DIR or /tmp)"
+    )
+    p.add_argument(
+        "--socket-mode",
+        type=octal_mode,
+        default=0o660,
+        help="who may send to the socket, in octal (default 660: the agent's user and group; "
+        "666: any local user, e.g. training pods under other uids)",
     )
     p.add_argument("--input-dir", help="read SDK spool files from this directory instead")
     p.add_argument("--state-dir", help="outbox and state (default var/agent/<job>-<host>)")

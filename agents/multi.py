@@ -39,12 +39,14 @@ class JobAgents:
         make_probes: Callable[[str, NodeAgent], Any] | None = None,
         max_jobs: int = 64,
         idle_after_s: float = 3600.0,
+        socket_mode: int = 0o660,
     ) -> None:
         """``make_agent(job, state_dir)``: a job's agent, not started; ``make_probes(job,
         agent)``: its started probe worker (or None)."""
         self.socket_path, self.state_root = socket_path, Path(state_root)
         self.make_agent, self.make_probes = make_agent, make_probes
         self.max_jobs, self.idle_after_s = max_jobs, idle_after_s
+        self.socket_mode = socket_mode
         self.agents: dict[str, NodeAgent] = {}
         self.probes: dict[str, Any] = {}
         self.last_seen: dict[str, float] = {}
@@ -109,7 +111,7 @@ class JobAgents:
 
     # -- loops ---------------------------------------------------------------------------------
     def _socket_loop(self) -> None:
-        self._sock = bind_socket(self.socket_path)
+        self._sock = bind_socket(self.socket_path, self.socket_mode)
         receive(self._sock, self._stop, self.add_payload)
 
     def _reap_loop(self) -> None:

@@ -65,7 +65,8 @@ def cmd_agents(args: argparse.Namespace) -> int:
             ).start()  # fmt: skip
 
     agents = JobAgents(socket_path=socket_path, state_root=state_root, make_agent=make_agent,
-                       make_probes=make_probes, max_jobs=args.max_jobs)  # fmt: skip
+                       make_probes=make_probes, max_jobs=args.max_jobs,
+                       socket_mode=args.socket_mode)  # fmt: skip
     from failslow.agents.health import serve_health
 
     health = serve_health(agents, args.metrics_listen)  # before the agents start

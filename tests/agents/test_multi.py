@@ -37,7 +37,7 @@ def test_two_jobs_one_socket(tmp_path: Path, db_url: str) -> None:
     sock = str(tmp_path / "all.sock")
     with live_service(Settings(database_url=db_url)) as url:
         agents = JobAgents(socket_path=sock, state_root=tmp_path / "state", make_agent=make(url),
-                           max_jobs=2).start()  # fmt: skip
+                           max_jobs=2, socket_mode=0o666).start()  # fmt: skip
         try:
             recs = [Recorder(job, socket_path=sock, flush_interval_s=0.01)
                     for job in ("job-a", "job-b", "job-c")]  # fmt: skip
@@ -47,6 +47,7 @@ def test_two_jobs_one_socket(tmp_path: Path, db_url: str) -> None:
             for job in ("job-a", "job-b"):
                 assert wait_for(lambda j=job: accepted(url, j) == 600, 30), accepted(url, job)
             assert set(agents.agents) == {"job-a", "job-b"}  # the third is past max_jobs
+            assert Path(sock).stat().st_mode & 0o777 == 0o666
             assert agents.refused_jobs >= 600 and accepted(url, "job-c") == 0
             assert (tmp_path / "state" / "job-a" / "agent.json").exists()
             ok, info = agents.health()

@@ -286,7 +286,7 @@ def test_the_dashboards_ship_as_a_configmap_for_grafanas_sidecar() -> None:
 def test_one_agent_per_node_serves_every_job_or_one() -> None:
     args = render()["DaemonSet"]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert not [a for a in args if a.startswith("--job")]  # the job comes from the records
-    assert "--socket=/run/failslow/failslow.sock" in args
+    assert "--socket=/run/failslow/failslow.sock" in args and "--socket-mode=666" in args
     one = render("--set", "agent.job=llm")["DaemonSet"]["spec"]["template"]["spec"]
     assert "--job=llm" in one["containers"][0]["args"]
     assert "--socket=/run/failslow/failslow-llm.sock" in one["containers"][0]["args"]
