@@ -27,6 +27,9 @@ from failslow.service.db import make_engine, make_sessionmaker, session_scope, u
 from failslow.service.detection.engine import DetectionEngine
 from failslow.service.detection.stale import StaleCloser
 from failslow.service.errors import install_handlers
+from failslow.service.fleet.gauges import FleetCollector
+from failslow.service.fleet.ledger import FleetLedger
+from failslow.service.fleet.router import router as fleet_router
 from failslow.service.incidents.router import router as incidents_router
 from failslow.service.ingest.bundle import router as ingest_bundle_router
 from failslow.service.ingest.fastpath import FailslowApp
@@ -93,6 +96,7 @@ async def detection_loop(ctx: AppContext) -> None:
             await run_in_threadpool(ctx.mitigation.run_due)
             await run_in_threadpool(ctx.probes.run_due)
             await run_in_threadpool(ctx.stale.run_due)
+            await run_in_threadpool(ctx.fleet.run_due)
             ctx.jobs.evict_idle()
             failures.succeeded()
         except asyncio.CancelledError:
@@ -181,6 +185,13 @@ def build_context(settings: Settings) -> AppContext:
     )
     stale = StaleCloser(settings=settings.detection, sessions=sessions, jobs=jobs,
                         metrics=metrics, forget=detection.forget)  # fmt: skip
+    fleet = FleetLedger(settings=settings.fleet, sessions=sessions, jobs=detection.job_names,
+                        take=detection.take_tally, watermark=jobs.watermark_of)  # fmt: skip
+    if settings.fleet.enabled:
+        metrics.sinks.append(fleet.sink)
+        detection.on_forget = fleet.retire
+        metrics.add(FleetCollector(sessions, top=settings.fleet.gauges_top,
+                                   ttl_s=min(15.0, settings.fleet.flush_interval_s)))  # fmt: skip
     if not settings.bus.url and settings.state.snapshot_every_s > 0:
         snapshots = LocalSnapshots(
             detection=detection, settings=settings.state, every_s=settings.state.snapshot_every_s
@@ -213,7 +224,7 @@ def build_context(settings: Settings) -> AppContext:
         jobs.save = committer.save
     ctx = AppContext(
         settings, engine, sessions, metrics, jobs, detection, mitigation, probes, committer,
-        controls, stale, lease,
+        controls, stale, fleet, lease,
     )  # fmt: skip
     metrics.add(
         LiveCollector(jobs=lambda: job_samples(ctx), open_incidents=lambda: open_by_job(ctx))
@@ -304,6 +315,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(incidents_router)
     app.include_router(actions_router)
     app.include_router(control_router)
+    app.include_router(fleet_router)
     app.include_router(plans_router)
     app.include_router(probes_router)
     app.include_router(ui_router)

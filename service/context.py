@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # the engines are built by create_app; routers only use what 
     from failslow.service.control.reader import Controls
     from failslow.service.detection.engine import DetectionEngine
     from failslow.service.detection.stale import StaleCloser
+    from failslow.service.fleet.ledger import FleetLedger
     from failslow.service.ingest.service import Committer
     from failslow.service.probes.manager import ProbeManager
     from failslow.service.replica.ownership import Ownership
@@ -42,6 +43,7 @@ class AppContext:
     committer: Committer
     controls: Controls  # runtime control (mute, pause, overrides) as detection and policy read it
     stale: StaleCloser
+    fleet: FleetLedger
     lease: Lease | None = None  # None: the single-writer check is off (lease_ttl_s = 0)
     ingest_inflight: int = 0
     bus: Bus | None = None  # set: ingest publishes to the stream (docs/replicas.md)
@@ -91,6 +93,7 @@ def require_any(*roles: Role) -> Callable[[Request, AppContext], Awaitable[None]
 
 
 JobId = Annotated[str, Path(pattern=IDENTIFIER)]
+HostId = Annotated[str, Path(pattern=IDENTIFIER)]
 ReadAuth = Depends(require(Role.READ))
 IngestAuth = Depends(require(Role.INGEST))
 OperatorAuth = Depends(require(Role.OPERATOR))

@@ -3,6 +3,7 @@
 from failslow.service.actions.models import Action, ActionEvent
 from failslow.service.control.models import AuditEvent, JobControl
 from failslow.service.db import Base
+from failslow.service.fleet.models import FleetMark, FleetPart, FleetReading, HostInventory
 from failslow.service.incidents.models import Incident
 from failslow.service.jobs.models import (
     AgentStream,
@@ -29,6 +30,10 @@ __all__ = [
     "JobSnapshot",
     "Base",
     "Comm",
+    "FleetMark",
+    "FleetPart",
+    "FleetReading",
+    "HostInventory",
     "Host",
     "Incident",
     "Job",

@@ -21,6 +21,7 @@ from failslow.service.actions.settings import ActionsSettings
 from failslow.service.auth import AuthSettings, hash_token
 from failslow.service.bus.settings import BusSettings
 from failslow.service.detection.settings import DetectionSettings
+from failslow.service.fleet.settings import FleetSettings
 from failslow.service.ingest.settings import IngestSettings
 from failslow.service.otel import OtelSettings
 from failslow.service.probes.settings import ProbeSettings
@@ -31,6 +32,7 @@ __all__ = [
     "AuthSettings",
     "BusSettings",
     "DetectionSettings",
+    "FleetSettings",
     "IngestSettings",
     "ProbeSettings",
     "Settings",
@@ -124,6 +126,9 @@ class Settings(BaseSettings):
         default_factory=ActionsSettings, description="Mitigation policy and actuators."
     )
     probes: ProbeSettings = Field(default_factory=ProbeSettings, description="Active probes.")
+    fleet: FleetSettings = Field(
+        default_factory=FleetSettings, description="The fleet ledger: hardware across jobs."
+    )
     otel: OtelSettings = Field(
         default_factory=OtelSettings,
         description="Metrics and events to an OpenTelemetry collector over OTLP/HTTP.",

@@ -26,6 +26,8 @@ class AuditVerb(StrEnum):
     RESOLVE = "resolve"
     APPROVE = "approve"
     REJECT = "reject"
+    DRAIN = "drain"  # a fleet part taken out of service
+    RETURN = "return"  # a fleet part back from repair (on probation)
 
 
 class Because(BaseModel):

@@ -20,6 +20,7 @@ import numpy as np
 from sqlalchemy.orm import Session, sessionmaker
 
 from failslow.detectors.findings import Finding
+from failslow.detectors.fleet import SpeedTally
 from failslow.detectors.hang import HangSnapshot
 from failslow.detectors.pipeline import JobPipeline
 from failslow.detectors.types import Frame, JobShape
@@ -46,6 +47,8 @@ from failslow.service.stream.state import JobState
 
 log = logging.getLogger(__name__)
 HANG_KEY = (IncidentKind.HANG, Subject.job())
+# what the fleet ledger takes from a job: slot -> rank, rank -> (host, gpu), the speed tally
+Taken = tuple[list[int], dict[int, tuple[str | None, int | None]], SpeedTally]
 
 
 @dataclass(slots=True)
@@ -65,6 +68,7 @@ class JobRuntime:
     backlog: list[Frame] = field(default_factory=list)  # closed, waiting for a pass
     tuned: dict[str, float] | None = None  # the overrides the pipeline runs with (None: unset)
     settings: DetectionSettings | None = None  # the job's effective settings with them
+    tally: SpeedTally = field(default_factory=SpeedTally)  # per-slot speed, for the fleet ledger
 
 
 class DetectionEngine:
@@ -89,6 +93,8 @@ class DetectionEngine:
         self.writer = IncidentWriter(metrics=metrics, cleared_by=cleared_by)
         self._runtimes: dict[str, JobRuntime] = {}
         self._lock = threading.Lock()
+        # told a job's last speed tally when it leaves memory (the fleet ledger: create_app)
+        self.on_forget: Callable[[str, Taken], None] | None = None
 
     def runtime(self, job: str) -> JobRuntime:
         rt = self._runtimes.get(job)
@@ -128,8 +134,11 @@ class DetectionEngine:
             self._runtimes[job] = rt
 
     def forget(self, job: str) -> None:
+        taken = self.take_tally(job) if self.on_forget is not None else None
         with self._lock:
             self._runtimes.pop(job, None)
+        if taken is not None and self.on_forget is not None:
+            self.on_forget(job, taken)
 
     # -- plans -------------------------------------------------------------------------------
     def set_plan_shares(
@@ -180,6 +189,20 @@ class DetectionEngine:
             return None
         with rt.lock:
             return rt.pipeline.rank_speed()
+
+    def take_tally(self, job: str) -> Taken | None:
+        """What the job's passes saw of each rank's speed since the last call (slot -> rank,
+        rank -> (host, gpu), the tally), and a fresh tally: the fleet ledger's reading."""
+        rt = self._runtimes.get(job)
+        if rt is None:
+            return None
+        with rt.lock:
+            tally, rt.tally = rt.tally, SpeedTally()
+            return list(rt.slot_rank), dict(rt.rank_info), tally
+
+    def job_names(self) -> list[str]:
+        """The jobs detection holds in memory."""
+        return list(self._runtimes)
 
     def work_shares(self, job: str) -> list[int] | None:
         rt = self._runtimes.get(job)
@@ -256,6 +279,7 @@ class DetectionEngine:
                 findings.extend(rt.pipeline.process(frame, shape))
                 scores = rt.pipeline.last_scores
                 assert scores is not None
+                rt.tally.add(scores.compute_ratio, scores.frame_time)
                 base = rt.pipeline.job_view()["baseline_step_time_s"]
                 jr, rr = rt.history.add(frame, scores, snap.slot_rank, base)  # type: ignore[arg-type]
                 job_rows += jr

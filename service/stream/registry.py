@@ -114,6 +114,11 @@ class JobRegistry:
     def get(self, job: str) -> JobState | None:
         return self._jobs.get(job)
 
+    def watermark_of(self, job: str) -> int | None:
+        """The job's event-time now, if it is in memory."""
+        state = self._jobs.get(job)
+        return state.watermark_ns if state is not None else None
+
     def get_or_load(self, job: str) -> JobState:
         """The job's state (loaded, or new); raises :class:`RegistryFull`."""
         state = self._get(job, create=True)

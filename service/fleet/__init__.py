@@ -1,0 +1,1 @@
+"""The fleet ledger: hardware across jobs (docs/fleet.md)."""

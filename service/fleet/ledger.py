@@ -1,0 +1,270 @@
+"""The fleet ledger's writer: what detection saw of each part, and the incidents that named parts.
+
+Every ``flush_interval_s`` it takes, per running job, the speed tally the detection passes kept
+(per rank: frames, sum and sum of squares of log compute ratios against role peers; taken off
+the detection engine, never off the ingest path) and folds it into one reading per part per job.
+A host's reading is its GPUs' mean; its network part gets the host's observed time (the exposure
+its incident rate is judged on). Incidents are heard as events (opened, resolved) and read back
+from the database, so that what a rolled-back transaction announced is never counted; each marks
+the parts it names with the job time it cost. Then :mod:`.standing` judges the parts again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from failslow.detectors.fleet import JobReading, PartKind, merge, pooled
+from failslow.detectors.vocab import IncidentKind
+from failslow.service.db import session_scope
+from failslow.service.detection.engine import Taken
+from failslow.service.fleet import standing
+from failslow.service.fleet.identity import Part, gpu_part, host_part, nic_part
+from failslow.service.fleet.models import ARCHIVE, FleetMark, FleetPart, FleetReading, HostInventory
+from failslow.service.fleet.settings import FleetSettings
+from failslow.service.incidents.models import Incident, IncidentResolution, IncidentState
+from failslow.service.incidents.service import resolution_of
+from failslow.service.jobs.models import Rank
+from failslow.service.metrics import Event
+
+log = logging.getLogger(__name__)
+
+
+class FleetLedger:
+    def __init__(
+        self,
+        *,
+        settings: FleetSettings,
+        sessions: sessionmaker[Session],
+        jobs: Callable[[], list[str]],
+        take: Callable[[str], Taken | None],
+        watermark: Callable[[str], int | None],
+    ) -> None:
+        """``jobs()``: the jobs detection holds; ``take(job)``: their tallies since the last
+        call; ``watermark(job)``: a job's event-time now (None: not in memory)."""
+        self.settings, self.sessions = settings, sessions
+        self.jobs, self.take, self.watermark = jobs, take, watermark
+        self._pending: set[str] = set()  # incidents heard of since the last flush
+        self._retired: list[tuple[str, Taken, int | None]] = []  # jobs that left memory
+        self._lock = threading.Lock()
+        self._last = -float("inf")
+        self.flushes = 0
+
+    # -- what others tell it -------------------------------------------------------------------
+    def sink(self, event: Event, attrs: dict[str, Any]) -> None:
+        """An event sink (``Metrics.sinks``): incidents opened or resolved."""
+        if event in (Event.INCIDENT_OPENED, Event.INCIDENT_RESOLVED) and attrs.get("incident"):
+            with self._lock:
+                self._pending.add(str(attrs["incident"]))
+
+    def retire(self, job: str, taken: Taken) -> None:
+        """A job leaves detection's memory: its last tally is kept for the next flush."""
+        with self._lock:
+            self._retired.append((job, taken, self.watermark(job)))
+
+    # -- the flush ----------------------------------------------------------------------------
+    def run_due(self) -> bool:
+        now = time.monotonic()
+        if not self.settings.enabled or now - self._last < self.settings.flush_interval_s:
+            return False
+        self._last = now
+        self.flush()
+        return True
+
+    def flush(self) -> None:
+        """Take every job's tally and the incidents heard of, write them, judge the parts."""
+        taken: list[tuple[str, Taken, int | None]] = []
+        for job in self.jobs():
+            t = self.take(job)
+            if t is not None:
+                taken.append((job, t, self.watermark(job)))
+        with self._lock:
+            taken += self._retired
+            pending, self._retired, self._pending = self._pending, [], set()
+        with session_scope(self.sessions) as s:
+            touched: dict[str, float] = {}  # part id -> observed seconds added now
+            for job, t, now_ns in taken:
+                self._readings(s, job, t, now_ns or time.time_ns(), touched)
+            fresh = self._marks(s, pending)
+            standing.judge(s, self.settings, touched=touched, fresh=fresh)
+        self.flushes += 1
+
+    # -- readings ------------------------------------------------------------------------------
+    def _readings(
+        self, s: Session, job: str, taken: Taken, now_ns: int, touched: dict[str, float]
+    ) -> None:
+        slot_rank, rank_info, tally = taken
+        per_host: dict[str, list[JobReading]] = {}
+        inventories: dict[str, HostInventory | None] = {}
+        for slot, rank in enumerate(slot_rank):
+            host, gpu = rank_info.get(rank, (None, None))
+            reading = tally.reading(slot)
+            if host is None or reading is None:
+                continue
+            per_host.setdefault(host, []).append(reading)
+            if gpu is None:
+                continue
+            if host not in inventories:
+                inventories[host] = s.get(HostInventory, host)
+            inv = inventories[host]
+            part = gpu_part(host, gpu, inv.gpus if inv is not None else None)
+            self._add(s, part, job, reading, now_ns, touched)
+        for host, readings in per_host.items():
+            whole = pooled(readings)
+            self._add(s, host_part(host), job, whole, now_ns, touched)
+            inv = inventories.get(host) or s.get(HostInventory, host)
+            net = nic_part(host, inv.nics if inv is not None else None)
+            self._add(s, net, job, JobReading(0, 0.0, 0.0, whole.observed_s), now_ns, touched)
+
+    def _add(
+        self, s: Session, part: Part, job: str, reading: JobReading, now_ns: int,
+        touched: dict[str, float],
+    ) -> None:  # fmt: skip
+        row = ensure_part(s, part, now_ns)
+        old = s.get(FleetReading, (part.part_id, job))
+        if old is None:
+            row.jobs_total += 1
+            s.add(FleetReading(part_id=part.part_id, job_id=job, n=reading.n, mean=reading.mean,
+                               var=reading.var, observed_s=reading.observed_s, first_ns=now_ns,
+                               last_ns=now_ns))  # fmt: skip
+            s.flush()
+            prune_readings(s, part.part_id, self.settings.max_jobs_per_part)
+        else:
+            m = merge(JobReading(old.n, old.mean, old.var, old.observed_s), reading)
+            old.n, old.mean, old.var, old.observed_s = m.n, m.mean, m.var, m.observed_s
+            old.last_ns = max(old.last_ns, now_ns)
+        touched[part.part_id] = touched.get(part.part_id, 0.0) + reading.observed_s
+
+    # -- incidents -----------------------------------------------------------------------------
+    def _marks(self, s: Session, pending: set[str]) -> dict[str, list[FleetMark]]:
+        """Mark the parts the incidents name (new ones, and open ones' growing cost); the
+        marks made now, per part."""
+        unfinished = set(s.scalars(select(FleetMark.incident_id).where(FleetMark.final.is_(False))))
+        ids = sorted(pending | unfinished)
+        fresh: dict[str, list[FleetMark]] = {}
+        for i in range(0, len(ids), 500):
+            for inc in s.scalars(select(Incident).where(Incident.id.in_(ids[i : i + 500]))):
+                for mark in self._mark(s, inc):
+                    fresh.setdefault(mark.part_id, []).append(mark)
+        return fresh
+
+    def _mark(self, s: Session, inc: Incident) -> list[FleetMark]:
+        parts = self._parts_of(s, inc)
+        if not parts:
+            return []
+        final = inc.state == IncidentState.RESOLVED
+        lost = lost_seconds(inc, self.watermark(inc.job_id)) / len(parts)
+        hard = inc.kind == IncidentKind.HANG
+        out: list[FleetMark] = []
+        for part in parts:
+            row = ensure_part(s, part, inc.detected_ns)
+            mark = s.get(FleetMark, (inc.id, part.part_id))
+            if mark is None:
+                mark = FleetMark(incident_id=inc.id, part_id=part.part_id, job_id=inc.job_id,
+                                 kind=inc.kind, severity=inc.severity, at_ns=inc.onset_ns,
+                                 lost_s=0.0, hard=hard, final=False)  # fmt: skip
+                s.add(mark)
+                row.incidents_total += 1
+                out.append(mark)
+            row.lost_s_total += max(0.0, lost - mark.lost_s)
+            mark.lost_s, mark.final, mark.severity = lost, final, inc.severity
+        return out
+
+    def _parts_of(self, s: Session, inc: Incident) -> list[Part]:
+        """The parts an incident names: a slow GPU its GPU, a slow node or a hang its hosts, a
+        slow link the network of its one or two hosts. A job slowdown names none."""
+        kind = inc.kind
+        if kind == IncidentKind.SLOW_GPU:
+            return [p for p in (self._gpu_of(s, inc.job_id, r) for r in inc.ranks) if p]
+        hosts = [h for h in inc.hosts or () if h]
+        if kind in (IncidentKind.SLOW_NODE, IncidentKind.HANG):
+            return [host_part(h) for h in hosts]
+        if kind == IncidentKind.SLOW_LINK:
+            parts = []
+            for h in hosts:
+                inv = s.get(HostInventory, h)
+                parts.append(nic_part(h, inv.nics if inv is not None else None))
+            return parts
+        return []
+
+    def _gpu_of(self, s: Session, job: str, rank: int) -> Part | None:
+        row = s.get(Rank, (job, rank))
+        if row is None or row.host is None or row.gpu is None:
+            return None
+        inv = s.get(HostInventory, row.host)
+        return gpu_part(row.host, row.gpu, inv.gpus if inv is not None else None)
+
+
+def ensure_part(s: Session, part: Part, now_ns: int) -> FleetPart:
+    row = s.get(FleetPart, part.part_id)
+    if row is None:
+        row = FleetPart(part_id=part.part_id, kind=part.kind, host=part.host, label=part.label,
+                        id_source=part.id_source, first_seen_ns=now_ns, last_seen_ns=now_ns,
+                        state=standing.HEALTHY, state_since_ns=now_ns, state_reason="",
+                        clean_s=0.0, clean_jobs=[], jobs_total=0, incidents_total=0,
+                        lost_s_total=0.0, health={}, flagged=False, cost_s=0.0)  # fmt: skip
+        s.add(row)
+        s.flush()
+    else:
+        row.host, row.last_seen_ns = part.host, max(row.last_seen_ns, now_ns)
+    return row
+
+
+def prune_readings(s: Session, part_id: str, keep: int) -> None:
+    """At most ``keep`` readings per part: the oldest pooled into its archive row."""
+    rows = list(s.scalars(select(FleetReading).where(FleetReading.part_id == part_id)
+                          .order_by(FleetReading.last_ns)))  # fmt: skip
+    if len(rows) <= keep:
+        return
+    archive = next((r for r in rows if r.job_id == ARCHIVE), None)
+    old = [r for r in rows if r.job_id != ARCHIVE][: len(rows) - keep + (archive is None)]
+    acc = JobReading(archive.n, archive.mean, archive.var, archive.observed_s) if archive else \
+        JobReading(0, 0.0, 0.0, 0.0)  # fmt: skip
+    for r in old:
+        acc = merge(acc, JobReading(r.n, r.mean, r.var, r.observed_s))
+        s.delete(r)
+    if archive is None:
+        archive = FleetReading(
+            part_id=part_id,
+            job_id=ARCHIVE,
+            first_ns=old[0].first_ns,
+            last_ns=old[-1].last_ns,
+            n=0,
+            mean=0.0,
+            var=0.0,
+            observed_s=0.0,
+        )
+        s.add(archive)
+    archive.n, archive.mean, archive.var, archive.observed_s = acc.n, acc.mean, acc.var, \
+        acc.observed_s  # fmt: skip
+    archive.last_ns = max(archive.last_ns, old[-1].last_ns)
+
+
+def lost_seconds(inc: Incident, job_now_ns: int | None) -> float:
+    """The job time an incident cost so far: its duration (event time) x the share of the step
+    time its subject took (1 - 1/slowdown); a hang's whole duration."""
+    if inc.state == IncidentState.RESOLVED:
+        if resolution_of(inc) == IncidentResolution.STALE:
+            end = (inc.evidence or {}).get("resolution", {}).get("last_seen_ns")  # type: ignore[union-attr]
+            end_ns = int(end) if isinstance(end, int) else inc.detected_ns
+        elif resolution_of(inc) == IncidentResolution.MANUAL:
+            end_ns = job_now_ns or inc.detected_ns  # resolved on the wall clock: the job's now
+        else:
+            end_ns = inc.resolved_ns or inc.detected_ns
+    else:
+        end_ns = job_now_ns or inc.detected_ns
+    duration = max(0.0, (end_ns - inc.onset_ns) / 1e9)
+    if inc.kind == IncidentKind.HANG:
+        return duration
+    slowdown = inc.slowdown
+    share = 1.0 - 1.0 / slowdown if slowdown and slowdown > 1 else 0.0
+    return duration * share
+
+
+__all__ = ["FleetLedger", "PartKind", "lost_seconds"]

@@ -1,0 +1,88 @@
+"""The fleet ledger's tables: hardware parts, per-job readings, incident marks, inventories.
+
+Bounded by construction: one reading per part per job (at most ``max_jobs_per_part``, older
+ones pooled into one archive row), one mark per incident per part (old, decayed marks dropped,
+their totals kept on the part), one inventory per host.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import JSON, BigInteger, Boolean, Float, Index, Integer, String, Text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from failslow.service.db import Base
+
+ARCHIVE = "(archive)"  # the job id of a part's pooled old readings
+
+
+class FleetPart(Base):
+    """One host, GPU or NIC, its standing and its health as last computed."""
+
+    __tablename__ = "fleet_parts"
+
+    part_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(8))  # PartKind
+    host: Mapped[str] = mapped_column(String(128))  # where it was last seen
+    label: Mapped[str] = mapped_column(String(200))  # device index, PCI id, NIC name
+    id_source: Mapped[str | None] = mapped_column(String(8))  # IdSource (GPUs)
+    first_seen_ns: Mapped[int] = mapped_column(BigInteger)
+    last_seen_ns: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[str] = mapped_column(String(16))  # PartState
+    state_since_ns: Mapped[int] = mapped_column(BigInteger)
+    state_reason: Mapped[str] = mapped_column(Text, default="")
+    clean_s: Mapped[float] = mapped_column(Float, default=0.0)  # observed clean since state
+    clean_jobs: Mapped[list[str]] = mapped_column(JSON, default=list)
+    jobs_total: Mapped[int] = mapped_column(Integer, default=0)
+    incidents_total: Mapped[int] = mapped_column(Integer, default=0)
+    lost_s_total: Mapped[float] = mapped_column(Float, default=0.0)
+    health: Mapped[dict[str, object]] = mapped_column(JSON, default=dict)
+    flagged: Mapped[bool] = mapped_column(Boolean, default=False)
+    cost_s: Mapped[float] = mapped_column(Float, default=0.0)
+
+    __table_args__ = (Index("ix_fleet_parts_kind", "kind", "cost_s"),)
+
+
+class FleetReading(Base):
+    """What one job saw of one part's speed: pooled per-frame log compute ratios."""
+
+    __tablename__ = "fleet_readings"
+
+    part_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    job_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    n: Mapped[int] = mapped_column(Integer)
+    mean: Mapped[float] = mapped_column(Float)
+    var: Mapped[float] = mapped_column(Float)
+    observed_s: Mapped[float] = mapped_column(Float)
+    first_ns: Mapped[int] = mapped_column(BigInteger)
+    last_ns: Mapped[int] = mapped_column(BigInteger)
+
+
+class FleetMark(Base):
+    """One incident that named a part, with the job time it cost."""
+
+    __tablename__ = "fleet_marks"
+
+    incident_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    part_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    job_id: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(32))
+    severity: Mapped[str] = mapped_column(String(16))
+    at_ns: Mapped[int] = mapped_column(BigInteger)
+    lost_s: Mapped[float] = mapped_column(Float)
+    hard: Mapped[bool] = mapped_column(Boolean)
+    final: Mapped[bool] = mapped_column(Boolean)  # the incident is resolved: no more updates
+
+    __table_args__ = (Index("ix_fleet_marks_part", "part_id", "at_ns"),)
+
+
+class HostInventory(Base):
+    """What a node agent reported a host runs on: GPUs by local index, NICs."""
+
+    __tablename__ = "fleet_inventory"
+
+    host: Mapped[str] = mapped_column(String(128), primary_key=True)
+    # [{"index", "uuid", "pci_bus_id", "name"}], [{"name", "address", "kind"}]
+    gpus: Mapped[list[dict[str, object]]] = mapped_column(JSON, default=list)
+    nics: Mapped[list[dict[str, object]]] = mapped_column(JSON, default=list)
+    reported_ns: Mapped[int] = mapped_column(BigInteger)
+    note: Mapped[str] = mapped_column(Text, default="")  # how the agent read it

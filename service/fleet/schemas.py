@@ -1,0 +1,93 @@
+"""REST shapes of the fleet ledger (docs/fleet.md)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, Field
+
+from failslow.detectors.fleet import IdSource, PartKind, PartState
+
+
+class PartSort(StrEnum):
+    """How a fleet list is ordered."""
+
+    COST = "cost"  # job time lost to it, most first
+    SCORE = "score"  # least healthy first
+    JOBS = "jobs"  # most jobs first
+    NAME = "name"
+
+
+class PartOut(BaseModel):
+    part: str = Field(description="The part's identity (a host name, a GPU UUID, host/NIC).")
+    kind: PartKind
+    host: str = Field(description="The host it was last seen on.")
+    label: str = Field(description="The local device index, or the NIC's name.")
+    id_source: IdSource | None = Field(
+        default=None, description="GPUs: where the identity comes from (uuid, pci, index)."
+    )
+    state: PartState
+    state_since: str | None
+    state_reason: str
+    flagged: bool = Field(description="The pooled evidence says slow or a repeat offender.")
+    score: float = Field(description="0..1, 1 = healthy: its peers' speed it keeps.")
+    slowness: float = Field(description="Pooled compute time against its peers (1.06 = 6% slower).")
+    slowness_low: float = Field(description="The credible interval's lower end.")
+    slowness_high: float
+    jobs: int = Field(description="Jobs with a speed reading of it.")
+    jobs_seen: int = Field(description="Jobs it was seen in.")
+    observed_h: float = Field(description="Hours of job time it was observed.")
+    incidents: int = Field(description="Incidents that named it, ever.")
+    incident_jobs: int = Field(description="Distinct jobs whose recent incidents named it.")
+    cost_s: float = Field(description="Job time lost to it: incidents' lost time + its slowness.")
+    reasons: list[str]
+    first_seen: str | None
+    last_seen: str | None
+
+
+class ReadingOut(BaseModel):
+    job: str
+    frames: int
+    ratio: float = Field(description="Its compute time against its role peers in that job.")
+    observed_s: float
+    first_seen: str | None
+    last_seen: str | None
+
+
+class MarkOut(BaseModel):
+    incident: str
+    job: str
+    kind: str
+    severity: str
+    at: str | None
+    lost_s: float
+    hard: bool
+
+
+class PartDetail(PartOut):
+    readings: list[ReadingOut] = Field(description="Per job, newest first (the history).")
+    marks: list[MarkOut] = Field(description="Incidents that named it, newest first.")
+
+
+class GpuIn(BaseModel):
+    index: int = Field(ge=0, le=1023, description="Local device index.")
+    uuid: str | None = Field(default=None, max_length=128, description="NVML's UUID.")
+    pci_bus_id: str | None = Field(default=None, max_length=64)
+    name: str | None = Field(default=None, max_length=128, description="The model.")
+
+
+class NicIn(BaseModel):
+    name: str = Field(min_length=1, max_length=64, description="mlx5_0, eth0, ...")
+    address: str | None = Field(default=None, max_length=128, description="MAC or GUID.")
+    kind: str | None = Field(default=None, max_length=32, description="infiniband, ethernet.")
+
+
+class InventoryIn(BaseModel):
+    gpus: list[GpuIn] = Field(default_factory=list, max_length=1024)
+    nics: list[NicIn] = Field(default_factory=list, max_length=256)
+    note: str = Field(default="", max_length=512, description="How the agent read it.")
+
+
+class InventoryOut(InventoryIn):
+    host: str
+    reported: str | None
