@@ -11,6 +11,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from failslow.cli import fleet
 from failslow.cli.client import (
     Client,
     ClientError,
@@ -21,7 +22,7 @@ from failslow.cli.client import (
 )
 from failslow.cli.output import OUTPUTS, emit, local_time
 
-RESOURCES = ("jobs", "incidents", "actions", "ranks", "audit")
+RESOURCES = ("jobs", "incidents", "actions", "ranks", "audit", *fleet.KINDS)
 
 
 def _client(args: argparse.Namespace) -> Client:
@@ -37,6 +38,11 @@ def _since_ns(args: argparse.Namespace) -> int | None:
 def cmd_get(args: argparse.Namespace) -> int:
     c = _client(args)
     what = args.resource
+    if what in fleet.KINDS:
+        fleet.get(c, args)
+        return 0
+    if args.sort or args.flagged or args.host:
+        raise ClientError("--sort, --flagged and --host are for hosts, gpus and nics")
     if what == "ranks" and not args.job:
         raise ClientError("get ranks needs --job JOB")
     since_ns = _since_ns(args)
@@ -64,6 +70,9 @@ def rfc3339(ns: int) -> str:
 
 def cmd_describe(args: argparse.Namespace) -> int:
     c = _client(args)
+    if args.resource in fleet.ONE:
+        fleet.describe(c, args)
+        return 0
     if args.resource == "job":
         job = c.get(f"/v1/jobs/{args.name}")
         job["control"] = c.get(f"/v1/jobs/{args.name}/control")
@@ -270,22 +279,27 @@ def _connection(p: argparse.ArgumentParser) -> None:
 def register(sub: Any) -> None:
     from failslow.cli.export import register as register_export  # noqa: PLC0415
 
-    p = sub.add_parser("get", help="list jobs, incidents, actions, ranks or the audit trail")
+    p = sub.add_parser("get", help="list jobs, incidents, actions, ranks, the audit trail, or "
+                       "the fleet's hosts, gpus and nics")  # fmt: skip
     p.add_argument("resource", choices=RESOURCES)
     p.add_argument("--job", help="only this job (required for ranks)")
     p.add_argument("--state", help="open|resolved|all for incidents; an action or rank state")
     p.add_argument("--since", help="incidents active, actions made, changes within this long "
                    "(15m, 2h, 1d)")  # fmt: skip
     p.add_argument("--limit", type=int, default=None, help="at most this many")
+    p.add_argument("--sort", choices=fleet.SORTS, help="hosts|gpus|nics: order (default cost)")
+    p.add_argument("--flagged", action="store_true", help="hosts|gpus|nics: only flagged ones")
+    p.add_argument("--host", help="gpus|nics: only this host's")
     _connection(p)
     p.set_defaults(func=cmd_get)
 
     p = sub.add_parser(
         "describe",
-        help="one incident (what, where, since when, evidence, actions, timeline) or one job",
+        help="one incident (what, where, since when, evidence, actions, timeline), one job, or "
+        "one host, gpu or nic of the fleet (health, history, incidents)",
     )
-    p.add_argument("resource", choices=("incident", "job"))
-    p.add_argument("name", help="incident id or job id")
+    p.add_argument("resource", choices=("incident", "job", *fleet.ONE))
+    p.add_argument("name", help="incident id, job id, host name, GPU UUID, host/NIC")
     _connection(p)
     p.set_defaults(func=cmd_describe)
 
@@ -312,6 +326,8 @@ def register(sub: Any) -> None:
         p.add_argument("--reason", required=True, help="why (recorded in the audit trail)")
         _connection(p)
         p.set_defaults(func=cmd_mute, verb=verb)
+
+    fleet.register(sub, _connection)
 
     p = sub.add_parser("maintenance", help="a maintenance window: detection paused, nothing done")
     p.add_argument("job")

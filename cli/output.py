@@ -29,7 +29,24 @@ def _where(r: dict[str, Any]) -> str:
 
 
 Col = tuple[str, Callable[[dict[str, Any]], Any], bool]  # header, value, wide only
+PART_COLUMNS: list[Col] = [
+    ("PART", lambda r: r["part"], False),
+    ("HOST", lambda r: r["host"], False),
+    ("STATE", lambda r: r["state"], False),
+    ("FLAGGED", lambda r: "yes" if r["flagged"] else "", False),
+    ("SCORE", lambda r: _num(r["score"], "{:.3f}"), False),
+    ("SLOWNESS", lambda r: _num(r["slowness"], "{:.3f}x"), False),
+    ("JOBS", lambda r: r["jobs_seen"], False),
+    ("INCIDENTS", lambda r: r["incidents"], False),
+    ("COST", lambda r: _num(r["cost_s"], "{:.1f}s"), False),
+    ("INTERVAL", lambda r: f"{r['slowness_low']:.3f}-{r['slowness_high']:.3f}", True),
+    ("HOURS", lambda r: _num(r["observed_h"], "{:.2f}"), True),
+    ("REASONS", lambda r: "; ".join(r["reasons"]) or "-", True),
+]
 COLUMNS: dict[str, list[Col]] = {
+    "hosts": PART_COLUMNS,
+    "gpus": PART_COLUMNS,
+    "nics": PART_COLUMNS,
     "jobs": [
         ("JOB", lambda r: r["job"], False),
         ("STATE", lambda r: r["state"], False),

@@ -1,0 +1,88 @@
+"""The fleet in the operator's commands: ``get hosts|gpus|nics``, ``describe host|gpu|nic`` and
+``drain``/``return`` (docs/fleet.md). Each talks to the service's /v1/fleet REST."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+from urllib.parse import quote
+
+from failslow.cli.client import Client, ClientError, resolve_target
+from failslow.cli.output import emit
+
+KINDS = ("hosts", "gpus", "nics")  # list resources
+ONE = {"host": "hosts", "gpu": "gpus", "nic": "nics"}  # describe resource -> list resource
+SORTS = ("cost", "score", "jobs", "name")
+
+
+def get(c: Client, args: argparse.Namespace) -> None:
+    params: dict[str, Any] = {"sort": args.sort or "cost", "limit": args.limit or 10_000}
+    if args.state:
+        params["state"] = args.state
+    if getattr(args, "flagged", False):
+        params["flagged"] = "true"
+    if getattr(args, "host", None):
+        params["host"] = args.host
+    emit(args.resource, c.get(f"/v1/fleet/{args.resource}", **params), args.output)
+
+
+def describe(c: Client, args: argparse.Namespace) -> None:
+    part = c.get(f"/v1/fleet/{ONE[args.resource]}/{quote(args.name, safe='/')}")
+    if args.output in ("json", "yaml"):
+        emit("part", part, args.output)
+        return
+    print(part_text(part), file=sys.stdout)
+
+
+def part_text(p: dict[str, Any]) -> str:
+    ident = p["part"] + (f" ({p['id_source']})" if p.get("id_source") else "")
+    lines = [
+        f"Part:        {ident}  [{p['kind']} on {p['host']}, label {p['label']}]",
+        f"State:       {p['state']} since {p['state_since']}"
+        + (f": {p['state_reason']}" if p["state_reason"] else ""),
+        f"Health:      score {p['score']:.3f}, slowness {p['slowness']:.3f}x "
+        f"[{p['slowness_low']:.3f}, {p['slowness_high']:.3f}]"
+        + ("  FLAGGED" if p["flagged"] else ""),
+        f"Seen:        {p['jobs_seen']} jobs ({p['jobs']} with a speed reading), "
+        f"{p['observed_h']:.2f} h, {p['first_seen']} .. {p['last_seen']}",
+        f"Incidents:   {p['incidents']} ever, {p['incident_jobs']} recent jobs; "
+        f"job time lost {p['cost_s']:.1f} s",
+        "Reasons:" if p["reasons"] else "Reasons:     none",
+        *(f"  {r}" for r in p["reasons"]),
+        "Readings (per job):" if p.get("readings") else "Readings:    none",
+        *(f"  {r['job']:<28} {r['ratio']:.4f}x  {r['frames']} frames  {r['observed_s']:.0f} s"
+          for r in p.get("readings", [])),  # fmt: skip
+        "Incidents that named it:" if p.get("marks") else "Marks:       none",
+        *(f"  {m['at']}  {m['kind']:<10} {m['severity']:<8} job {m['job']}  "
+          f"lost {m['lost_s']:.1f} s" + ("  (hard)" if m["hard"] else "")
+          for m in p.get("marks", [])),  # fmt: skip
+    ]
+    return "\n".join(lines)
+
+
+def cmd_part_state(args: argparse.Namespace) -> int:
+    """``drain`` or ``return`` a part (audited; the service says 409 on a wrong state)."""
+    if args.resource not in ONE:
+        raise ClientError(f"{args.verb} takes host, gpu or nic, not {args.resource!r}")
+    c = Client(resolve_target(args.url, args.token, args.context))
+    path = f"/v1/fleet/{ONE[args.resource]}/{quote(args.name, safe='/')}/{args.verb}"
+    out = c.post(path, {"reason": args.reason})
+    emit(ONE[args.resource], [out], args.output)
+    return 0
+
+
+def register(sub: Any, connection: Any) -> None:
+    for verb, what in (
+        ("drain", "take a host, GPU or NIC out of the fleet (failed) with a reason"),
+        ("return", "bring a drained or repaired part back: on probation until it runs clean"),
+    ):
+        p = sub.add_parser(verb, help=what)
+        p.add_argument("resource", choices=tuple(ONE))
+        p.add_argument("name", help="host name, GPU UUID (or host/index), host/NIC")
+        p.add_argument("--reason", required=True, help="why (recorded in the audit trail)")
+        connection(p)
+        p.set_defaults(func=cmd_part_state, verb=verb)
+
+
+__all__ = ["KINDS", "ONE", "SORTS", "describe", "get", "part_text", "register"]
