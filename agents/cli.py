@@ -72,6 +72,11 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
     health = serve_health(agent, args.metrics_listen)  # before the agent starts: nothing to undo
     agent.start()
+    inventory = None
+    if not args.no_hardware_report:
+        from failslow.agents.hardware import InventoryReporter
+
+        inventory = InventoryReporter(agent.sender, agent.host).start()
     probes = None
     if args.probe_listen or args.flight_recorder_dumps or args.nccl_ras_cmd:
         from failslow.agents.probe import ProbeWorker
@@ -110,6 +115,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
     finally:
         if probes is not None:
             probes.stop()
+        if inventory is not None:
+            inventory.stop()
         if health is not None:
             health.stop()
         agent.stop(drain_timeout_s=args.drain_timeout)
@@ -195,6 +202,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         choices=["v2", "v1"],
         default="v2",
         help="v2: binary columns, the topology registered once (default); v1: JSON envelopes",
+    )
+    p.add_argument(
+        "--no-hardware-report",
+        action="store_true",
+        help="do not report this node's GPUs and NICs to the fleet ledger (default: at start "
+        "and hourly)",
     )
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=cmd_agent)

@@ -71,6 +71,13 @@ def cmd_agents(args: argparse.Namespace) -> int:
 
     health = serve_health(agents, args.metrics_listen)  # before the agents start
     agents.start()
+    inventory = None
+    if not args.no_hardware_report:  # the node's hardware, once for all its jobs
+        from failslow.agents.hardware import InventoryReporter
+        from failslow.agents.transport import Sender
+
+        sender = Sender(args.service, token=args.token or os.environ.get("FAILSLOW_TOKEN"))
+        inventory = InventoryReporter(sender, host).start()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -82,6 +89,9 @@ def cmd_agents(args: argparse.Namespace) -> int:
     finally:
         if health is not None:
             health.stop()
+        if inventory is not None:
+            inventory.stop()
+            inventory.sender.close()
         agents.stop(drain_timeout_s=args.drain_timeout)
         if echo is not None:
             echo.close()

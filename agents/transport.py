@@ -8,6 +8,7 @@ import random
 import time
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -90,6 +91,11 @@ class Sender:
         """Register a host's topology for v2 envelopes."""
         url = f"{self.base}/v2/jobs/{job}/topology/{host}"
         return self._send("PUT", url, json.dumps(registration).encode(), {})
+
+    def put_hardware(self, host: str, body: bytes) -> Delivery:
+        """This node's hardware inventory, for the fleet ledger (agents/hardware.py)."""
+        url = f"{self.base}/v1/fleet/hosts/{quote(host, safe='')}/hardware"
+        return self._send("PUT", url, body, {})
 
     def _send(self, method: str, url: str, payload: bytes, headers: dict[str, str]) -> Delivery:
         try:
