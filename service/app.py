@@ -185,17 +185,11 @@ def build_context(settings: Settings) -> AppContext:
     )
     stale = StaleCloser(settings=settings.detection, sessions=sessions, jobs=jobs,
                         metrics=metrics, forget=detection.forget)  # fmt: skip
-    fleet = FleetLedger(settings=settings.fleet, sessions=sessions, jobs=detection.job_names,
-                        take=detection.take_tally, watermark=jobs.watermark_of)  # fmt: skip
-    if settings.fleet.enabled:
-        metrics.sinks.append(fleet.sink)
-        detection.on_forget = fleet.retire
-        metrics.add(FleetCollector(sessions, top=settings.fleet.gauges_top,
-                                   ttl_s=min(15.0, settings.fleet.flush_interval_s)))  # fmt: skip
     if not settings.bus.url and settings.state.snapshot_every_s > 0:
         snapshots = LocalSnapshots(
             detection=detection, settings=settings.state, every_s=settings.state.snapshot_every_s
         )
+
     def muted_of(job: str) -> str:
         st = controls.state(job)
         return st.why if st.muted or st.paused else ""
@@ -209,6 +203,15 @@ def build_context(settings: Settings) -> AppContext:
         muted_of=muted_of,
     )
     mitigation.recover()
+    hint = mitigation.propose_hint if settings.actions.enabled else None  # drain hints
+    fleet = FleetLedger(settings=settings.fleet, sessions=sessions, jobs=detection.job_names,
+                        take=detection.take_tally, watermark=jobs.watermark_of,
+                        propose=hint)  # fmt: skip
+    if settings.fleet.enabled:
+        metrics.sinks.append(fleet.sink)
+        detection.on_forget = fleet.retire
+        metrics.add(FleetCollector(sessions, top=settings.fleet.gauges_top,
+                                   ttl_s=min(15.0, settings.fleet.flush_interval_s)))  # fmt: skip
     probes = ProbeManager(settings=settings.probes, sessions=sessions, metrics=metrics)
 
     def evicted(job: str) -> None:  # what is held for a job leaves memory with it

@@ -36,7 +36,7 @@ from failslow.service.stream.registry import JobRegistry
 from failslow.service.stream.state import JobState
 
 log = logging.getLogger(__name__)
-MANUAL_BY_DEFAULT = (ActionKind.ISOLATE, ActionKind.RESTART)
+MANUAL_BY_DEFAULT = (ActionKind.ISOLATE, ActionKind.RESTART, ActionKind.DRAIN)
 
 
 class Detection(DetectionReader, Protocol):
@@ -145,6 +145,28 @@ class Mitigation:
             self.executor.execute_approved(job)
             self._adopt_unacknowledged(job)
             self._measure(job)
+
+    def propose_hint(self, job: str, spec: policy.ActionSpec, event_ns: int) -> tuple[str, str]:
+        """An action decided outside the ladder (the fleet ledger's drain hints, docs/fleet.md),
+        under the same approval rules and actuators; ``job``: the job whose evidence decided it.
+        Returns ``(action id, state)``; the same ``spec.key`` again returns the first one.
+        Approved ones run in the next pass (``run_due``)."""
+        with session_scope(self.sessions) as s:
+            action, created = actions.propose(
+                s, job=job, incident=None, spec=spec, mode=self.mode(spec.kind),
+                actuator=self.actuator_name(spec.kind), dry_run=self.settings.dry_run,
+                now_ns=self.clock(), event_ns=event_ns,
+            )  # fmt: skip
+            out = (action.id, action.state)
+            about = {"training_job": job, "action": action.id, "target": action.target,
+                     "incident": "", "reason": action.reason}  # fmt: skip
+        if created:
+            self.metrics.action(spec.kind, ActionState.PROPOSED, **about)
+            if out[1] == ActionState.APPROVED:
+                self.metrics.action(spec.kind, ActionState.APPROVED, **about)
+            log.info("action %s %s %s (%s): %s", out[0], spec.kind, spec.target, out[1],
+                     spec.reason)  # fmt: skip
+        return out
 
     def execute(self, action_id: str) -> str | None:
         """Run one approved action (if this caller wins the claim); returns its final state."""

@@ -23,6 +23,7 @@ class ActionsSettings(BaseModel):
             ActionKind.REPLAN: ActuatorName.PLAN,
             ActionKind.ISOLATE: ActuatorName.LOG,
             ActionKind.RESTART: ActuatorName.LOG,
+            ActionKind.DRAIN: ActuatorName.LOG,
         },
         description="Which actuator carries out each action kind (JSON in the environment).",
     )
@@ -33,6 +34,7 @@ class ActionsSettings(BaseModel):
             ActionKind.REPLAN: Approval.AUTO,
             ActionKind.ISOLATE: Approval.MANUAL,
             ActionKind.RESTART: Approval.MANUAL,
+            ActionKind.DRAIN: Approval.MANUAL,
         },
         description="`auto` executes at once; `manual` waits for an operator's approval.",
     )

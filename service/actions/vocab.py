@@ -13,6 +13,7 @@ class ActionKind(StrEnum):
     REPLAN = "replan"  # re-order rings around a slow link
     ISOLATE = "isolate"  # exclude a host
     RESTART = "restart"  # checkpoint-restart the job
+    DRAIN = "drain"  # a fleet hint: keep a host out of future jobs (Slurm drain, K8s cordon+taint)
 
 
 class ActionState(StrEnum):

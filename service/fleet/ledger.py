@@ -24,7 +24,7 @@ from failslow.detectors.fleet import JobReading, PartKind, merge, pooled
 from failslow.detectors.vocab import IncidentKind
 from failslow.service.db import session_scope
 from failslow.service.detection.engine import Taken
-from failslow.service.fleet import standing
+from failslow.service.fleet import hints, standing
 from failslow.service.fleet.identity import Part, gpu_part, host_part, nic_part
 from failslow.service.fleet.models import ARCHIVE, FleetMark, FleetPart, FleetReading, HostInventory
 from failslow.service.fleet.settings import FleetSettings
@@ -45,9 +45,12 @@ class FleetLedger:
         jobs: Callable[[], list[str]],
         take: Callable[[str], Taken | None],
         watermark: Callable[[str], int | None],
+        propose: hints.Propose | None = None,
     ) -> None:
         """``jobs()``: the jobs detection holds; ``take(job)``: their tallies since the last
-        call; ``watermark(job)``: a job's event-time now (None: not in memory)."""
+        call; ``watermark(job)``: a job's event-time now (None: not in memory); ``propose``:
+        where drain hints go (the actions' ``Mitigation.propose_hint``; None: none made)."""
+        self.propose = propose
         self.settings, self.sessions = settings, sessions
         self.jobs, self.take, self.watermark = jobs, take, watermark
         self._pending: set[str] = set()  # incidents heard of since the last flush
@@ -92,7 +95,16 @@ class FleetLedger:
             for job, t, now_ns in taken:
                 self._readings(s, job, t, now_ns or time.time_ns(), touched)
             fresh = self._marks(s, pending)
+            before = {p: st for p, st in s.execute(select(FleetPart.part_id, FleetPart.state))}
             standing.judge(s, self.settings, touched=touched, fresh=fresh)
+            s.flush()
+            propose = self.propose
+            due = hints.hints_for(s, before) if propose is not None else []
+        for job, spec, event_ns in due:  # after the commit: the action's own transaction
+            try:
+                propose(job, spec, event_ns)  # type: ignore[misc]
+            except Exception:  # noqa: BLE001 - a hint must not stop the ledger
+                log.exception("cannot propose a drain hint for %s", spec.target)
         self.flushes += 1
 
     # -- readings ------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from failslow.service.context import (
 from failslow.service.control import service as control
 from failslow.service.control.schemas import AuditVerb, Because
 from failslow.service.errors import Conflict, NotFound
-from failslow.service.fleet import standing
+from failslow.service.fleet import hints, standing
 from failslow.service.fleet.models import FleetMark, FleetPart, FleetReading, HostInventory
 from failslow.service.fleet.schemas import (
     InventoryIn,
@@ -201,11 +201,19 @@ def _change(session: SessionDep, kinds: Kinds, part: str, state: PartState, verb
 
 
 @router.post("/{kinds}/{part:path}/drain", response_model=PartOut, dependencies=[OperatorAuth])
-def drain(kinds: Kinds, part: PartPath, body: Because, session: SessionDep,
-          actor: ActorDep) -> dict[str, object]:  # fmt: skip
-    """Take a part out of service (``failed``) until it is returned."""
-    return _change(session, kinds, part, PartState.FAILED, AuditVerb.DRAIN, body, actor,
-                   {PartState.HEALTHY, PartState.SUSPECT, PartState.PROBATION})  # fmt: skip
+def drain(kinds: Kinds, part: PartPath, body: Because, session: SessionDep, actor: ActorDep,
+          ctx: CtxDep) -> dict[str, object]:  # fmt: skip
+    """Take a part out of service (``failed``) until it is returned; a drain action is proposed
+    for its host (``hint``), carried out by the actuator once approved."""
+    out = _change(session, kinds, part, PartState.FAILED, AuditVerb.DRAIN, body, actor,
+                  {PartState.HEALTHY, PartState.SUSPECT, PartState.PROBATION})  # fmt: skip
+    row = _part(session, kinds, part)
+    job = hints.last_job(session, row.part_id)
+    if ctx.fleet.propose is not None and job is not None:
+        spec = hints.drain_spec(row, f"drained by {actor}: {body.reason}")
+        action, state = ctx.fleet.propose(job, spec, row.state_since_ns)
+        out["hint"] = f"{action} ({state})"
+    return out
 
 
 @router.post("/{kinds}/{part:path}/return", response_model=PartOut, dependencies=[OperatorAuth])

@@ -43,6 +43,11 @@ class PartOut(BaseModel):
     reasons: list[str]
     first_seen: str | None
     last_seen: str | None
+    hint: str | None = Field(
+        default=None,
+        description="drain: the drain action proposed for its host and its state (approve it "
+        "to have the actuator drain the host); none when no job has run on it.",
+    )
 
 
 class ReadingOut(BaseModel):

@@ -4,7 +4,9 @@ Uses the official ``kubernetes`` client (optional extra ``failslow[kubernetes]``
 patches ``spec.unschedulable=true`` on the node, then evicts (policy/v1 Eviction) every pod of
 the job on that node, found by the label ``<job_label>=<job>``; ``restart`` deletes all the
 job's pods so that its controller (JobSet, PyTorchJob, ...) recreates them from the checkpoint
-without the cordoned node. Other kinds are no-ops.
+without the cordoned node; the fleet's ``drain`` hint cordons the node and taints it
+``failslow.dev/unfit=<part>:NoSchedule`` (running pods stay: it keeps future work off). Other
+kinds are no-ops.
 """
 
 from __future__ import annotations
@@ -12,6 +14,15 @@ from __future__ import annotations
 from typing import Any
 
 from failslow.service.actions.actuators.base import ActionRequest, ActuatorError
+
+TAINT = "failslow.dev/unfit"
+
+
+def taint_value(request: ActionRequest) -> str:
+    """A label value (63 characters of [A-Za-z0-9._-]) naming the part the hint is for."""
+    part = str(request.params.get("part") or request.target)
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in part)
+    return safe[:63].strip("._-") or "unfit"
 
 
 class KubernetesActuator:
@@ -67,6 +78,18 @@ class KubernetesActuator:
                     )
                     self.core.create_namespaced_pod_eviction(name, self.namespace, body)
                 return {"cordoned": node, "evicted": pods, "ran": True}
+            if request.kind == "drain":
+                node = str(request.params.get("host") or request.target.removeprefix("host:"))
+                taint = {"key": TAINT, "value": taint_value(request), "effect": "NoSchedule"}
+                if request.dry_run:
+                    return {"cordon": node, "taint": taint, "ran": False}
+                spec = self.core.read_node(node).spec
+                current = (spec.taints if spec is not None else None) or []
+                kept = [{"key": t.key, "value": t.value, "effect": t.effect} for t in current
+                        if t.key != TAINT]  # fmt: skip
+                self.core.patch_node(node, {"spec": {"unschedulable": True,
+                                                     "taints": [*kept, taint]}})  # fmt: skip
+                return {"cordoned": node, "tainted": taint, "ran": True}
             if request.kind == "restart":
                 pods = [p.metadata.name for p in self._pods(request.job, None)]
                 if request.dry_run:

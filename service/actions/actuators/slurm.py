@@ -1,6 +1,7 @@
 """The ``slurm`` actuator: drain the culprit node and requeue the job with ``scontrol``.
 
-``isolate`` -> ``scontrol update nodename=<host> state=drain reason="failslow: ..."``;
+``isolate`` -> ``scontrol update nodename=<host> state=drain reason="failslow: ..."``; the
+fleet's ``drain`` hint (a host unfit for future jobs, docs/fleet.md) -> the same command;
 ``restart`` -> ``scontrol requeue <slurm job id>`` (the job id is the action's job unless
 ``params.slurm_job_id`` says otherwise). Other kinds are logged only.
 """
@@ -26,7 +27,7 @@ class SlurmActuator:
         self.env = {**os.environ, "SLURM_CONF": conf} if conf else None
 
     def commands(self, request: ActionRequest) -> list[list[str]]:
-        if request.kind == "isolate":
+        if request.kind in ("isolate", "drain"):
             host = request.params.get("host") or request.target.removeprefix("host:")
             reason = f"failslow {request.id}: {request.reason}"[:200]
             return [

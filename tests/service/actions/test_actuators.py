@@ -138,9 +138,13 @@ def test_slurm_drains_the_node_and_requeues_the_job(scontrol: tuple[Path, Path])
         "act_2", "llama-7", "inc_1", "restart", "job:llama-7", "hung", {"slurm_job_id": 4242}
     )
     assert run(act, restart, timeout_s=10).ok
+    hint = ActionRequest("act_4", "llama-7", None, "drain", "host:node-017", "GPU-x 6% slower",
+                         {"host": "node-017"})  # fmt: skip
+    assert run(act, hint, timeout_s=10).ok
     lines = log.read_text().splitlines()
     assert lines[0].startswith("update nodename=node-017 state=drain reason=failslow act_1:")
     assert lines[1] == "requeue 4242"
+    assert lines[2] == "update nodename=node-017 state=drain reason=failslow act_4: GPU-x 6% slower"
 
 
 def test_slurm_failure_carries_scontrols_message(scontrol: tuple[Path, Path]) -> None:
@@ -197,6 +201,24 @@ def test_kubernetes_cordons_the_node_and_evicts_the_jobs_pods() -> None:
         assert qs["fieldSelector"] == ["spec.nodeName=node-017"]
         patch = next(b for m, _, _, b in r.requests if m == "PATCH")
         assert json.loads(patch) == {"spec": {"unschedulable": True}}
+    finally:
+        r.close()
+
+
+def test_kubernetes_drain_hint_cordons_and_taints_the_node() -> None:
+    pytest.importorskip("kubernetes")
+    from failslow.service.actions.actuators.kubernetes import TAINT, KubernetesActuator
+
+    r = Receiver(body=_kube_body)
+    hint = ActionRequest("act_5", "llama-7", None, "drain", "host:node-017", "slow GPU",
+                         {"host": "node-017", "part": "GPU-5c1e9d2a/x"})  # fmt: skip
+    try:
+        out = run(KubernetesActuator(namespace="train", host=r.url), hint, timeout_s=20)
+        assert out.ok and out.result["cordoned"] == "node-017", out.result
+        patch = json.loads(next(b for m, _, _, b in r.requests if m == "PATCH"))
+        assert patch == {"spec": {"unschedulable": True, "taints": [
+            {"key": TAINT, "value": "GPU-5c1e9d2a_x", "effect": "NoSchedule"}]}}  # fmt: skip
+        assert not any(m == "POST" for m, _, _, _ in r.requests)  # nothing evicted: a hint
     finally:
         r.close()
 
