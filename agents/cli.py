@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import threading
+from typing import Any
 
 
 def octal_mode(text: str) -> int:
@@ -18,6 +19,16 @@ def octal_mode(text: str) -> int:
     if not 0 <= mode <= 0o777:
         raise ValueError(text)
     return mode
+
+
+def start_qualify(args: argparse.Namespace, host: str) -> Any:
+    """The node's qualification worker (agents/qualify.py), with ``--qualify-listen``."""
+    if not args.qualify_listen:
+        return None
+    from failslow.agents.qualify import QualifyWorker
+
+    return QualifyWorker(service=args.service, host=host, listen=args.qualify_listen,
+                         token=args.token or os.environ.get("FAILSLOW_TOKEN")).start()  # fmt: skip
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
@@ -77,6 +88,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         from failslow.agents.hardware import InventoryReporter
 
         inventory = InventoryReporter(agent.sender, agent.host).start()
+    qualify = start_qualify(args, agent.host)
     probes = None
     if args.probe_listen or args.flight_recorder_dumps or args.nccl_ras_cmd:
         from failslow.agents.probe import ProbeWorker
@@ -117,6 +129,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
             probes.stop()
         if inventory is not None:
             inventory.stop()
+        if qualify is not None:
+            qualify.stop()
         if health is not None:
             health.stop()
         agent.stop(drain_timeout_s=args.drain_timeout)
@@ -202,6 +216,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         choices=["v2", "v1"],
         default="v2",
         help="v2: binary columns, the topology registered once (default); v1: JSON envelopes",
+    )
+    p.add_argument(
+        "--qualify-listen",
+        help="ADDR:PORT for qualification link checks (`failslow qualify`); without it this "
+        "node answers no qualification",
     )
     p.add_argument(
         "--no-hardware-report",

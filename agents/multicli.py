@@ -78,6 +78,9 @@ def cmd_agents(args: argparse.Namespace) -> int:
 
         sender = Sender(args.service, token=args.token or os.environ.get("FAILSLOW_TOKEN"))
         inventory = InventoryReporter(sender, host).start()
+    from failslow.agents.cli import start_qualify
+
+    qualify = start_qualify(args, host)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -92,6 +95,8 @@ def cmd_agents(args: argparse.Namespace) -> int:
         if inventory is not None:
             inventory.stop()
             inventory.sender.close()
+        if qualify is not None:
+            qualify.stop()
         agents.stop(drain_timeout_s=args.drain_timeout)
         if echo is not None:
             echo.close()

@@ -1,10 +1,11 @@
 """The fleet in the operator's commands: ``get hosts|gpus|nics``, ``describe host|gpu|nic`` and
-``drain``/``return`` (docs/fleet.md). Each talks to the service's /v1/fleet REST."""
+``drain``/``return``, ``qualify`` (docs/fleet.md). Each talks to the service's /v1/fleet REST."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import Any
 from urllib.parse import quote
 
@@ -72,7 +73,44 @@ def cmd_part_state(args: argparse.Namespace) -> int:
     return 0
 
 
+NO_GO_EXIT = 3  # `failslow qualify`: some host is no-go (a prolog's signal)
+
+
+def cmd_qualify(args: argparse.Namespace) -> int:
+    """Qualify hosts: start a run, follow it until done, print go / no-go with reasons."""
+    hosts = [h for part in args.hosts for h in part.split(",") if h]
+    if not hosts:
+        raise ClientError("qualify needs --hosts")
+    c = Client(resolve_target(args.url, args.token, args.context))
+    run = c.post("/v1/fleet/qualifications", {"hosts": hosts, "timeout_s": args.timeout,
+                                              "bytes": args.bytes})  # fmt: skip
+    deadline = time.monotonic() + args.timeout + 30
+    while run["state"] != "done" and time.monotonic() < deadline:
+        if args.output == "table":
+            waiting = sum(h["verdict"] == "pending" for h in run["hosts"])
+            print(f"\rqualification {run['id']}: {waiting} host(s) pending", end="",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        time.sleep(1.0)
+        run = c.get(f"/v1/fleet/qualifications/{run['id']}")
+    if args.output == "table":
+        print(file=sys.stderr)
+    if args.output in ("json", "yaml"):
+        emit("qualification", run, args.output)
+    else:
+        emit("qualify", run["hosts"], args.output)
+    return NO_GO_EXIT if run["no_go"] or run["state"] != "done" else 0
+
+
 def register(sub: Any, connection: Any) -> None:
+    p = sub.add_parser("qualify", help="qualify hosts before work: compute and link checks by "
+                       "their agents against the fleet norm; go / no-go with reasons (exit 3 "
+                       "if any is no-go)")  # fmt: skip
+    p.add_argument("--hosts", nargs="+", required=True, help="host names (spaces or commas)")
+    p.add_argument("--timeout", type=float, default=60.0, help="wait this long for the agents")
+    p.add_argument("--bytes", type=int, default=8 << 20, help="link check size (bytes)")
+    connection(p)
+    p.set_defaults(func=cmd_qualify)
+
     for verb, what in (
         ("drain", "take a host, GPU or NIC out of the fleet (failed) with a reason"),
         ("return", "bring a drained or repaired part back: on probation until it runs clean"),

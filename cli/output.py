@@ -44,6 +44,14 @@ PART_COLUMNS: list[Col] = [
     ("REASONS", lambda r: "; ".join(r["reasons"]) or "-", True),
 ]
 COLUMNS: dict[str, list[Col]] = {
+    "qualify": [
+        ("HOST", lambda r: r["host"], False),
+        ("VERDICT", lambda r: r["verdict"], False),
+        ("COMPUTE", lambda r: _num(r.get("compute_s"), "{:.3f}s"), False),
+        ("LINK", lambda r: _num(r["link_bps"] / 1e6 if r.get("link_bps") else None,
+                                "{:.1f}MB/s"), False),  # fmt: skip
+        ("REASONS", lambda r: "; ".join(r["reasons"]) or "-", False),
+    ],
     "hosts": PART_COLUMNS,
     "gpus": PART_COLUMNS,
     "nics": PART_COLUMNS,

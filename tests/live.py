@@ -19,16 +19,19 @@ __all__ = ["free_port", "live_app", "live_service"]
 
 
 @contextmanager
-def live_service(settings: Settings, port: int | None = None) -> Iterator[str]:
-    with live_app(create_app(settings), "/readyz", port) as url:
+def live_service(settings: Settings, port: int | None = None, bind: str = "127.0.0.1",
+                 ) -> Iterator[str]:  # fmt: skip
+    """``bind``: the address to listen on (the URL given back is always 127.0.0.1's)."""
+    with live_app(create_app(settings), "/readyz", port, bind) as url:
         yield url
 
 
 @contextmanager
-def live_app(app: Any, ready_path: str, port: int | None = None) -> Iterator[str]:
+def live_app(app: Any, ready_path: str, port: int | None = None, bind: str = "127.0.0.1",
+             ) -> Iterator[str]:  # fmt: skip
     """``app`` on a real uvicorn in a background thread, once ``ready_path`` answers 200."""
     port = port or free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host=bind, port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"

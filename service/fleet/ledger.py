@@ -27,6 +27,7 @@ from failslow.service.detection.engine import Taken
 from failslow.service.fleet import hints, standing
 from failslow.service.fleet.identity import Part, gpu_part, host_part, nic_part
 from failslow.service.fleet.models import ARCHIVE, FleetMark, FleetPart, FleetReading, HostInventory
+from failslow.service.fleet.qualify import Qualifier
 from failslow.service.fleet.settings import FleetSettings
 from failslow.service.incidents.models import Incident, IncidentResolution, IncidentState
 from failslow.service.incidents.service import resolution_of
@@ -51,6 +52,7 @@ class FleetLedger:
         call; ``watermark(job)``: a job's event-time now (None: not in memory); ``propose``:
         where drain hints go (the actions' ``Mitigation.propose_hint``; None: none made)."""
         self.propose = propose
+        self.qualifier = Qualifier()  # qualification runs (in memory: qualify.py)
         self.settings, self.sessions = settings, sessions
         self.jobs, self.take, self.watermark = jobs, take, watermark
         self._pending: set[str] = set()  # incidents heard of since the last flush

@@ -88,7 +88,9 @@ def judge_kind(s: Session, settings: FleetSettings, kind: PartKind, *, now_ns: i
             [IncidentMark(m.job_id, m.at_ns / 1e9, m.lost_s, m.hard) for m in mine],
             now_s=now_s, tau=tau, fleet_rate_per_h=rate, model=model,
         )  # fmt: skip
-        speed_cost = (1.0 - 1.0 / h.slowness) * h.observed_s if h.slowness > 1 else 0.0
+        # the job time its slowness surely cost: at the interval's lower end (0 unless the
+        # evidence says slower than its peers), so that exposure alone ranks nothing
+        speed_cost = (1.0 - 1.0 / h.low) * h.observed_s if h.low > 1 else 0.0
         part.cost_s = round(part.lost_s_total + speed_cost, 3)
         part.flagged = h.flagged
         part.health = health_dict(h, tau=tau, fleet_rate=rate)
