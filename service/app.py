@@ -29,6 +29,7 @@ from failslow.service.detection.stale import StaleCloser
 from failslow.service.errors import install_handlers
 from failslow.service.fleet.gauges import FleetCollector
 from failslow.service.fleet.ledger import FleetLedger
+from failslow.service.fleet.qualify_api import router as qualify_router
 from failslow.service.fleet.router import router as fleet_router
 from failslow.service.incidents.router import router as incidents_router
 from failslow.service.ingest.bundle import router as ingest_bundle_router
@@ -318,6 +319,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(incidents_router)
     app.include_router(actions_router)
     app.include_router(control_router)
+    app.include_router(qualify_router)  # before fleet_router: its paths match /{kinds}/{part}
     app.include_router(fleet_router)
     app.include_router(plans_router)
     app.include_router(probes_router)
