@@ -63,6 +63,7 @@ def _wait(predicate: Any, timeout: float, what: str) -> None:
 def test_prometheus_scrapes_alerts_and_answers_every_dashboard_query(tmp_path: Path) -> None:
     port, prom_port = free_port(), free_port()
     env = env_for(tmp_path / "failslow.db")
+    env["FAILSLOW_FLEET__FLUSH_INTERVAL_S"] = "1"  # the hardware dashboard's parts, soon
     svc = start_service(port, tmp_path / "failslow.db", tmp_path / "service.log", env)
     cfg = tmp_path / "prometheus.yml"
     shipped = (ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text()
