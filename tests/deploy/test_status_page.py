@@ -1,7 +1,7 @@
 """The status page (/ui) in a real headless Chromium (Debian's chromium + chromium-driver, driven
 by Selenium): it loads without console errors, shows the jobs, the heatmap, the step-time chart
 and the injected hang's incident, and an approve click on the proposed isolate action changes
-the action's state in the service."""
+the action's state in the service; the hang's host shows as failed among the fleet's hardware."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from failslow.service.fleet.settings import FleetSettings
 from failslow.service.settings import DetectionSettings, Settings
 from tests.live import live_service, wait_for
 
@@ -52,7 +53,8 @@ def _wait(predicate, timeout: float = 30.0):  # type: ignore[no-untyped-def]
 def test_status_page_shows_the_hang_and_approves_an_action(db_url: str, tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
 
-    settings = Settings(database_url=db_url, detection=DetectionSettings(interval_s=0.1))
+    settings = Settings(database_url=db_url, detection=DetectionSettings(interval_s=0.1),
+                        fleet=FleetSettings(flush_interval_s=0.5))  # fmt: skip
     data = tmp_path / "job.jsonl"
     subprocess.run(
         [*CLI, "simulate", "--job", JOB, "--tp", "2", "--pp", "1", "--dp", "4",
@@ -84,6 +86,10 @@ def test_status_page_shows_the_hang_and_approves_an_action(db_url: str, tmp_path
             height = driver.execute_script("return document.getElementById('heatmap').height")
             assert width > 5 and height == 8  # buckets x ranks
             assert "8 ranks on 4 hosts" in driver.find_element(By.ID, "jobmeta").text
+            # the hang's host failed hard: the fleet's hardware says so (refreshed every 10 s)
+            failed = _wait(lambda: driver.find_elements(
+                By.CSS_SELECTOR, 'tr.part[data-state="failed"]'), timeout=40)  # fmt: skip
+            assert failed[0].text.startswith("host ")
             button = _wait(
                 lambda: driver.find_elements(
                     By.CSS_SELECTOR, f'tr[data-id="{proposed["id"]}"] button.approve'
