@@ -61,6 +61,25 @@ class FleetRun:
     final: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # kind -> parts
 
 
+def client_sender(client: Any) -> Send:
+    """A ``Send`` over an in-process ``fastapi.testclient.TestClient`` of the service (ingest
+    bodies gzipped as agents send them); a refused request raises with the service's answer."""
+    from failslow.agents.wire import encode_envelope  # noqa: PLC0415
+
+    gz = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+
+    def send(method: str, path: str, body: dict[str, Any] | None) -> Any:
+        if path == "/v1/ingest":
+            r = client.post(path, content=encode_envelope(body), headers=gz)
+        else:
+            r = client.request(method, path, json=body)
+        if r.status_code >= 300:
+            raise RuntimeError(f"{method} {path}: {r.status_code} {r.text[:300]}")
+        return r.json()
+
+    return send
+
+
 def host_name(i: int) -> str:
     return f"h{i:03d}"
 
@@ -159,12 +178,14 @@ def snapshot(j: int, job: str, placed: list[str], layout: Layout, steps: int,
              faults: list[Fault], truth: Truth, send: Send) -> dict[str, Any]:  # fmt: skip
     flagged = {k: [p["part"] for p in send("GET", f"/v1/fleet/{k}?flagged=true", None)]
                for k in ("hosts", "gpus", "nics")}  # fmt: skip
+    top = {k: [p["part"] for p in send("GET", f"/v1/fleet/{k}?sort=cost&limit=3", None)]
+           for k in ("hosts", "gpus", "nics")}  # fmt: skip
     rows = send("GET", f"/v1/fleet/hosts?host={truth.failing_host}", None)
     failing = rows[0] if rows else None
     return {
         "job": job, "hosts": placed, "layout": [layout.tp, layout.pp, layout.dp],
         "steps": steps, "faults": [f.kind.value for f in faults],
-        "flagged": sum(len(v) for v in flagged.values()), "flagged_parts": flagged,
+        "flagged": sum(len(v) for v in flagged.values()), "flagged_parts": flagged, "top": top,
         "failing_host_state": failing["state"] if failing else None,
     }  # fmt: skip
 
@@ -189,6 +210,7 @@ def score(run: FleetRun, spec: FleetSpec) -> dict[str, Any]:
                 "flagged": bool(row and row["flagged"]), "jobs": row["jobs_seen"] if row else 0,
                 "slowness": row["slowness"] if row else None,
                 "jobs_to_flag": jobs_to_flag(run, kind, part),
+                "jobs_to_top": jobs_to_top(run, kind, part, len(faulty[kind])),
             }  # fmt: skip
     states = [s["failing_host_state"] for s in run.timeline if s["failing_host_state"]]
     out["failing_host"] = {"host": t.failing_host, "states": compress(states),
@@ -199,16 +221,35 @@ def score(run: FleetRun, spec: FleetSpec) -> dict[str, Any]:
     return out
 
 
-def jobs_to_flag(run: FleetRun, kind: str, part: str) -> int | None:
-    """How many jobs the part had run in when it was first flagged."""
+def _seen(run: FleetRun, kind: str, part: str) -> list[int]:
+    """After each job, how many jobs the part had run in."""
     host = part.split("/")[0] if kind == "nics" else None
-    seen = 0
+    seen, out = 0, []
     for s in run.timeline:
         if (host and host in s["hosts"]) or (not host and part in _gpus_of(run, s)):
             seen += 1
+        out.append(seen)
+    return out
+
+
+def jobs_to_flag(run: FleetRun, kind: str, part: str) -> int | None:
+    """How many jobs the part had run in when it was first flagged."""
+    seen = _seen(run, kind, part)
+    for i, s in enumerate(run.timeline):
         if part in s["flagged_parts"][kind]:
-            return seen
+            return seen[i]
     return None
+
+
+def jobs_to_top(run: FleetRun, kind: str, part: str, k: int) -> int | None:
+    """How many jobs the part had run in when it entered its kind's top ``k`` by cost, to stay
+    there to the end (None: not there at the end)."""
+    seen = _seen(run, kind, part)
+    since = None
+    for i, s in enumerate(run.timeline):
+        inside = part in s["top"][kind][:k]
+        since = (since if since is not None else i) if inside else None
+    return seen[since] if since is not None else None
 
 
 def _gpus_of(run: FleetRun, s: dict[str, Any]) -> set[str]:
@@ -219,4 +260,4 @@ def compress(states: list[str]) -> list[str]:
     return [s for i, s in enumerate(states) if i == 0 or states[i - 1] != s]
 
 
-__all__ = ["FleetRun", "FleetSpec", "build_truth", "run_fleet", "score"]
+__all__ = ["FleetRun", "FleetSpec", "build_truth", "client_sender", "run_fleet", "score"]

@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from failslow.agents.wire import encode_envelope
-from failslow.harness.fleet import FleetSpec, run_fleet, score
+from failslow.harness.fleet import FleetSpec, client_sender, run_fleet, score
 from failslow.service.app import create_app
 from failslow.service.fleet.settings import FleetSettings
 from failslow.service.settings import DetectionSettings, Settings
@@ -29,18 +28,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClient
         fleet=FleetSettings(flush_interval_s=3600, probation_s=60, probation_jobs=1),
     )
     with TestClient(create_app(settings)) as c:
-
-        def send(method: str, path: str, body: dict[str, Any] | None) -> Any:
-            if path == "/v1/ingest":
-                r = c.post(path, content=encode_envelope(body),  # type: ignore[arg-type]
-                           headers={"Content-Type": "application/json",
-                                    "Content-Encoding": "gzip"})  # fmt: skip
-            else:
-                r = c.request(method, path, json=body)
-            assert r.status_code < 300, (path, r.status_code, r.text)
-            return r.json()
-
-        yield c, run_fleet(SPEC, send, progress=False)
+        yield c, run_fleet(SPEC, client_sender(c), progress=False)
 
 
 def test_faulty_hardware_is_found_and_nothing_healthy_is_flagged(
