@@ -58,7 +58,7 @@ class FleetLedger:
         self._pending: set[str] = set()  # incidents heard of since the last flush
         self._retired: list[tuple[str, Taken, int | None]] = []  # jobs that left memory
         self._lock = threading.Lock()
-        self._last = -float("inf")
+        self._last = time.monotonic()  # the first flush one interval after start
         self.flushes = 0
 
     # -- what others tell it -------------------------------------------------------------------
