@@ -78,10 +78,10 @@ def ledger_size(db: Path, spec: FleetSpec) -> dict[str, Any]:
             "bytes_per_host_per_day": round(total / spec.hosts / spec.days)}  # fmt: skip
 
 
-def e2e(fleet_on: bool, ranks: int, steps: int) -> dict[str, Any]:
+def e2e(fleet_on: bool, ranks: int, steps: int, flush_s: float) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAILSLOW_")}
     env["FAILSLOW_FLEET__ENABLED"] = "true" if fleet_on else "false"
-    env["FAILSLOW_FLEET__FLUSH_INTERVAL_S"] = "5"  # often, so that its cost shows
+    env["FAILSLOW_FLEET__FLUSH_INTERVAL_S"] = str(flush_s)
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "e2e.json"
         subprocess.run([sys.executable, "-m", "failslow.cli", "bench", "e2e", "--ranks",
@@ -108,6 +108,8 @@ def main() -> int:
     p.add_argument("--e2e-ranks", type=int, default=1024)
     p.add_argument("--e2e-steps", type=int, default=60)
     p.add_argument("--e2e-rounds", type=int, default=2)
+    p.add_argument("--e2e-flush-s", type=float, default=30.0,
+                   help="the ledger's flush interval in the e2e runs (default: the default)")
     p.add_argument("--e2e-only", action="store_true", help="only the bench e2e comparison")
     p.add_argument("--json", help="write the result here")
     args = p.parse_args()
@@ -122,9 +124,9 @@ def main() -> int:
         for i in range(args.e2e_rounds):
             for arm in ("off", "on") if i % 2 == 0 else ("on", "off"):
                 print(f"  bench e2e, ledger {arm} (round {i + 1})", file=sys.stderr)
-                r = e2e(arm == "on", args.e2e_ranks, args.e2e_steps)
+                r = e2e(arm == "on", args.e2e_ranks, args.e2e_steps, args.e2e_flush_s)
                 runs[arm].append({k: r[k] for k in E2E_KEYS if k in r})
-        result["e2e"] = runs
+        result["e2e"] = {"flush_interval_s": args.e2e_flush_s, **runs}
     text = json.dumps(result, indent=1, default=str)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

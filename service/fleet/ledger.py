@@ -98,7 +98,8 @@ class FleetLedger:
                 self._readings(s, job, t, now_ns or time.time_ns(), touched)
             fresh = self._marks(s, pending)
             before = {p: st for p, st in s.execute(select(FleetPart.part_id, FleetPart.state))}
-            standing.judge(s, self.settings, touched=touched, fresh=fresh)
+            full = self.flushes % standing.FULL_EVERY == 0
+            standing.judge(s, self.settings, touched=touched, fresh=fresh, full=full)
             s.flush()
             propose = self.propose
             due = hints.hints_for(s, before) if propose is not None else []
@@ -113,47 +114,57 @@ class FleetLedger:
     def _readings(
         self, s: Session, job: str, taken: Taken, now_ns: int, touched: dict[str, float]
     ) -> None:
+        """One job's tally into its parts' readings: the rows it needs read in a few queries
+        (not one per part: a 1,024-rank job has 1,300 parts), written in one flush."""
         slot_rank, rank_info, tally = taken
+        hosts = sorted({h for h, _ in rank_info.values() if h})
+        inv = {i.host: i for i in _rows(s, HostInventory, HostInventory.host, hosts)}
+        items: list[tuple[Part, JobReading]] = []
         per_host: dict[str, list[JobReading]] = {}
-        inventories: dict[str, HostInventory | None] = {}
         for slot, rank in enumerate(slot_rank):
             host, gpu = rank_info.get(rank, (None, None))
             reading = tally.reading(slot)
             if host is None or reading is None:
                 continue
             per_host.setdefault(host, []).append(reading)
-            if gpu is None:
-                continue
-            if host not in inventories:
-                inventories[host] = s.get(HostInventory, host)
-            inv = inventories[host]
-            part = gpu_part(host, gpu, inv.gpus if inv is not None else None)
-            self._add(s, part, job, reading, now_ns, touched)
+            if gpu is not None:
+                gpus = inv[host].gpus if host in inv else None
+                items.append((gpu_part(host, gpu, gpus), reading))
         for host, readings in per_host.items():
             whole = pooled(readings)
-            self._add(s, host_part(host), job, whole, now_ns, touched)
-            inv = inventories.get(host) or s.get(HostInventory, host)
-            net = nic_part(host, inv.nics if inv is not None else None)
-            self._add(s, net, job, JobReading(0, 0.0, 0.0, whole.observed_s), now_ns, touched)
-
-    def _add(
-        self, s: Session, part: Part, job: str, reading: JobReading, now_ns: int,
-        touched: dict[str, float],
-    ) -> None:  # fmt: skip
-        row = ensure_part(s, part, now_ns)
-        old = s.get(FleetReading, (part.part_id, job))
-        if old is None:
-            row.jobs_total += 1
-            s.add(FleetReading(part_id=part.part_id, job_id=job, n=reading.n, mean=reading.mean,
-                               var=reading.var, observed_s=reading.observed_s, first_ns=now_ns,
-                               last_ns=now_ns))  # fmt: skip
-            s.flush()
-            prune_readings(s, part.part_id, self.settings.max_jobs_per_part)
-        else:
-            m = merge(JobReading(old.n, old.mean, old.var, old.observed_s), reading)
-            old.n, old.mean, old.var, old.observed_s = m.n, m.mean, m.var, m.observed_s
-            old.last_ns = max(old.last_ns, now_ns)
-        touched[part.part_id] = touched.get(part.part_id, 0.0) + reading.observed_s
+            items.append((host_part(host), whole))
+            nics = inv[host].nics if host in inv else None
+            items.append((nic_part(host, nics), JobReading(0, 0.0, 0.0, whole.observed_s)))
+        ids = [p.part_id for p, _ in items]
+        with s.no_autoflush:
+            parts = {r.part_id: r for r in _rows(s, FleetPart, FleetPart.part_id, ids)}
+            olds = {r.part_id: r for r in s.scalars(
+                select(FleetReading).where(FleetReading.job_id == job))}  # fmt: skip
+            crowded = []
+            for part, reading in items:
+                row = parts.get(part.part_id)
+                if row is None:
+                    row = parts[part.part_id] = new_part(part, now_ns)
+                    s.add(row)
+                row.host, row.last_seen_ns = part.host, max(row.last_seen_ns, now_ns)
+                old = olds.get(part.part_id)
+                if old is None:
+                    row.jobs_total += 1
+                    olds[part.part_id] = FleetReading(
+                        part_id=part.part_id, job_id=job, n=reading.n, mean=reading.mean,
+                        var=reading.var, observed_s=reading.observed_s, first_ns=now_ns,
+                        last_ns=now_ns)  # fmt: skip
+                    s.add(olds[part.part_id])
+                    if row.jobs_total > self.settings.max_jobs_per_part:
+                        crowded.append(part.part_id)
+                else:
+                    m = merge(JobReading(old.n, old.mean, old.var, old.observed_s), reading)
+                    old.n, old.mean, old.var, old.observed_s = m.n, m.mean, m.var, m.observed_s
+                    old.last_ns = max(old.last_ns, now_ns)
+                touched[part.part_id] = touched.get(part.part_id, 0.0) + reading.observed_s
+        s.flush()
+        for part_id in crowded:
+            prune_readings(s, part_id, self.settings.max_jobs_per_part)
 
     # -- incidents -----------------------------------------------------------------------------
     def _marks(self, s: Session, pending: set[str]) -> dict[str, list[FleetMark]]:
@@ -215,14 +226,26 @@ class FleetLedger:
         return gpu_part(row.host, row.gpu, inv.gpus if inv is not None else None)
 
 
+def new_part(part: Part, now_ns: int) -> FleetPart:
+    return FleetPart(part_id=part.part_id, kind=part.kind, host=part.host, label=part.label,
+                     id_source=part.id_source, first_seen_ns=now_ns, last_seen_ns=now_ns,
+                     state=standing.HEALTHY, state_since_ns=now_ns, state_reason="",
+                     clean_s=0.0, clean_jobs=[], jobs_total=0, incidents_total=0,
+                     lost_s_total=0.0, health={}, flagged=False, cost_s=0.0)  # fmt: skip
+
+
+def _rows(s: Session, model: Any, key: Any, values: list[str]) -> list[Any]:
+    """``model`` rows whose ``key`` is in ``values``, in chunks of 500 (bound parameters)."""
+    out: list[Any] = []
+    for i in range(0, len(values), 500):
+        out += s.scalars(select(model).where(key.in_(values[i : i + 500])))
+    return out
+
+
 def ensure_part(s: Session, part: Part, now_ns: int) -> FleetPart:
     row = s.get(FleetPart, part.part_id)
     if row is None:
-        row = FleetPart(part_id=part.part_id, kind=part.kind, host=part.host, label=part.label,
-                        id_source=part.id_source, first_seen_ns=now_ns, last_seen_ns=now_ns,
-                        state=standing.HEALTHY, state_since_ns=now_ns, state_reason="",
-                        clean_s=0.0, clean_jobs=[], jobs_total=0, incidents_total=0,
-                        lost_s_total=0.0, health={}, flagged=False, cost_s=0.0)  # fmt: skip
+        row = new_part(part, now_ns)
         s.add(row)
         s.flush()
     else:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import asdict
+from dataclasses import fields
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
@@ -52,34 +52,53 @@ def fleet_now_ns(s: Session) -> int:
 
 
 def judge(s: Session, settings: FleetSettings, *, touched: dict[str, float],
-          fresh: dict[str, list[FleetMark]]) -> None:  # fmt: skip
-    """Judge every part of each kind that changed (the fleet's spread and rate move for all);
-    ``touched``: observed seconds added per part now; ``fresh``: marks made now, per part."""
-    ids = set(touched) | set(fresh)
-    if not ids:
+          fresh: dict[str, list[FleetMark]], full: bool = False) -> None:  # fmt: skip
+    """Judge the parts that changed (``touched``: observed seconds added per part now;
+    ``fresh``: marks made now, per part), against their kind's spread and incident rate; with
+    ``full``, every part (the fleet's spread and rate move for all: the ledger asks for it
+    every ``FULL_EVERY`` flushes)."""
+    ids = sorted(set(touched) | set(fresh))
+    if not ids and not full:
         return
-    kinds = set(s.scalars(select(FleetPart.kind).where(FleetPart.part_id.in_(list(ids)[:5000]))))
+    if full:
+        kinds = set(s.scalars(select(FleetPart.kind).distinct()))
+    else:
+        kinds = set()
+        for i in range(0, len(ids), 500):
+            kinds |= set(s.scalars(select(FleetPart.kind).distinct()
+                                   .where(FleetPart.part_id.in_(ids[i : i + 500]))))  # fmt: skip
     now_ns = fleet_now_ns(s)
     for kind in sorted(kinds):
-        judge_kind(s, settings, PartKind(kind), now_ns=now_ns, touched=touched, fresh=fresh)
+        judge_kind(s, settings, PartKind(kind), now_ns=now_ns, touched=touched, fresh=fresh,
+                   only=None if full else set(ids))  # fmt: skip
+
+
+FULL_EVERY = 20  # flushes between judgements of every part (10 min at the default interval)
 
 
 def judge_kind(s: Session, settings: FleetSettings, kind: PartKind, *, now_ns: int,
-               touched: dict[str, float], fresh: dict[str, list[FleetMark]]) -> None:  # fmt: skip
+               touched: dict[str, float], fresh: dict[str, list[FleetMark]],
+               only: set[str] | None = None) -> None:  # fmt: skip
     model = settings.model()
-    parts = list(s.scalars(select(FleetPart).where(FleetPart.kind == kind)))
+    q = select(FleetPart).where(FleetPart.kind == kind)
+    parts = [p for p in s.scalars(q) if only is None or p.part_id in only]
+    judged = {p.part_id for p in parts}
     readings: dict[str, list[tuple[JobReading, str, int]]] = defaultdict(list)
-    q = select(FleetReading).join(FleetPart, FleetPart.part_id == FleetReading.part_id)
-    for r in s.scalars(q.where(FleetPart.kind == kind)):
-        readings[r.part_id].append((JobReading(r.n, r.mean, r.var, r.observed_s), r.job_id,
-                                    r.last_ns))  # fmt: skip
+    cols = (FleetReading.part_id, FleetReading.n, FleetReading.mean, FleetReading.var,
+            FleetReading.observed_s, FleetReading.job_id, FleetReading.last_ns)  # fmt: skip
+    every = select(*cols).join(FleetPart, FleetPart.part_id == FleetReading.part_id)
+    for pid, n, mean, var, obs, job, last in s.execute(every.where(FleetPart.kind == kind)):
+        readings[pid].append((JobReading(n, mean, var, obs), job, last))
     marks: dict[str, list[FleetMark]] = defaultdict(list)
     q2 = select(FleetMark).join(FleetPart, FleetPart.part_id == FleetMark.part_id)
+    n_marks = 0
     for m in s.scalars(q2.where(FleetPart.kind == kind)):
-        marks[m.part_id].append(m)
+        n_marks += 1
+        if m.part_id in judged:
+            marks[m.part_id].append(m)
     tau = tau_of((r for rows in readings.values() for r, _, _ in rows), model)
     observed = sum(r.observed_s for rows in readings.values() for r, _, _ in rows)
-    rate = fleet_rate(sum(len(m) for m in marks.values()), observed)
+    rate = fleet_rate(n_marks, observed)
     now_s = now_ns / 1e9
     for part in parts:
         mine = marks.get(part.part_id, [])
@@ -142,7 +161,8 @@ def set_state(part: FleetPart, state: PartState, now_ns: int, reason: str) -> No
 
 
 def health_dict(h: Health, *, tau: float, fleet_rate: float) -> dict[str, object]:
-    d = asdict(h)
+    d = {f.name: getattr(h, f.name) for f in fields(h)}
+    d["reasons"] = list(h.reasons)
     d.update(score=h.score, flagged=h.flagged, tau=tau, fleet_rate_per_h=fleet_rate)
     return {k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v)
             for k, v in d.items()}  # fmt: skip
