@@ -97,7 +97,6 @@ async def detection_loop(ctx: AppContext) -> None:
             await run_in_threadpool(ctx.mitigation.run_due)
             await run_in_threadpool(ctx.probes.run_due)
             await run_in_threadpool(ctx.stale.run_due)
-            await run_in_threadpool(ctx.fleet.run_due)
             ctx.jobs.evict_idle()
             failures.succeeded()
         except asyncio.CancelledError:
@@ -105,6 +104,24 @@ async def detection_loop(ctx: AppContext) -> None:
         except Exception as exc:  # noqa: BLE001
             failures.failed(exc)
         await asyncio.sleep(interval)
+
+
+async def fleet_loop(ctx: AppContext) -> None:
+    """The fleet ledger's flushes, in a task of their own: a flush of a large job takes a
+    second, which must not hold up detection's passes (docs/fleet.md); never dies."""
+    failures = FailureLog("fleet ledger flush")
+    every = min(ctx.settings.fleet.flush_interval_s, 5.0)  # run_due says when one is due
+    while True:
+        await asyncio.sleep(every)
+        if ctx.lease is not None and ctx.lease.lost:
+            continue
+        try:
+            await run_in_threadpool(ctx.fleet.run_due)
+            failures.succeeded()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            failures.failed(exc)
 
 
 async def snapshot_jobs(ctx: AppContext, *, every_s: float | None, force: bool = False) -> None:
@@ -275,6 +292,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         task = asyncio.create_task(detection_loop(ctx), name="failslow-detection")
         committer = asyncio.create_task(ctx.committer.run(), name="failslow-commit")
         tasks = [task, committer]
+        if settings.fleet.enabled:
+            tasks.append(asyncio.create_task(fleet_loop(ctx), name="failslow-fleet"))
         if ctx.lease is not None:
             tasks.append(asyncio.create_task(keep_lease(ctx.lease), name="failslow-lease"))
         if ctx.committer.snapshots is not None:

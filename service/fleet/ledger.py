@@ -58,6 +58,7 @@ class FleetLedger:
         self._pending: set[str] = set()  # incidents heard of since the last flush
         self._retired: list[tuple[str, Taken, int | None]] = []  # jobs that left memory
         self._lock = threading.Lock()
+        self._flushing = threading.Lock()  # one flush at a time (the loop's, an operator's)
         self._last = time.monotonic()  # the first flush one interval after start
         self.flushes = 0
 
@@ -84,6 +85,10 @@ class FleetLedger:
 
     def flush(self) -> None:
         """Take every job's tally and the incidents heard of, write them, judge the parts."""
+        with self._flushing:
+            self._flush()
+
+    def _flush(self) -> None:
         taken: list[tuple[str, Taken, int | None]] = []
         for job in self.jobs():
             t = self.take(job)
