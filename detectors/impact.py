@@ -95,6 +95,15 @@ def critical_path(
     return Impact(now, without, float(quiet_nan(np.nanmedian, extra[ok])))
 
 
+def job_time_lost(seconds: float, slowdown: float | None, *, hang: bool) -> float:
+    """Job time a condition lasting ``seconds`` cost: all of it for a hang, the share of each
+    step its subject added (``1 - 1/slowdown``) else."""
+    elapsed = max(0.0, seconds)
+    if hang:
+        return elapsed
+    return elapsed * (1.0 - 1.0 / slowdown) if slowdown is not None and slowdown > 1 else 0.0
+
+
 def impact(slowdown: float, attributed: float | None) -> float:
     """What a condition costs the job, for its severity: its critical-path share where measured,
     else the job's slowdown against its baseline (links; no step records)."""

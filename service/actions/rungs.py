@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from failslow.detectors.impact import job_time_lost
 from failslow.detectors.vocab import IncidentKind
 from failslow.service.actions.decisions import (
     ActionSpec,
@@ -23,11 +24,8 @@ HOUR_NS = 3600 * 10**9
 
 def lost_s(incident: IncidentView, now_ns: int) -> float:
     """Job time lost to the condition so far: all of it for a hang, ``1 - 1/slowdown`` else."""
-    elapsed = max(0.0, (now_ns - incident.onset_ns) / 1e9)
-    if incident.kind == IncidentKind.HANG:
-        return elapsed
-    slowdown = incident.slowdown or 1.0
-    return elapsed * max(0.0, 1.0 - 1.0 / slowdown) if slowdown > 1 else 0.0
+    return job_time_lost((now_ns - incident.onset_ns) / 1e9, incident.slowdown,
+                         hang=incident.kind == IncidentKind.HANG)  # fmt: skip
 
 
 def cost_of(kind: ActionKind, history: History, budgets: Budgets) -> tuple[float, str]:

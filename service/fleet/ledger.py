@@ -21,12 +21,20 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from failslow.detectors.fleet import JobReading, PartKind, merge, pooled
+from failslow.detectors.impact import job_time_lost
 from failslow.detectors.vocab import IncidentKind
 from failslow.service.db import session_scope
 from failslow.service.detection.engine import Taken
 from failslow.service.fleet import hints, standing
 from failslow.service.fleet.identity import Part, gpu_part, host_part, nic_part
-from failslow.service.fleet.models import ARCHIVE, FleetMark, FleetPart, FleetReading, HostInventory
+from failslow.service.fleet.models import (
+    ARCHIVE,
+    FleetMark,
+    FleetPart,
+    FleetReading,
+    HostInventory,
+    in_chunks,
+)
 from failslow.service.fleet.qualify import Qualifier
 from failslow.service.fleet.settings import FleetSettings
 from failslow.service.incidents.models import Incident, IncidentResolution, IncidentState
@@ -178,8 +186,8 @@ class FleetLedger:
         unfinished = set(s.scalars(select(FleetMark.incident_id).where(FleetMark.final.is_(False))))
         ids = sorted(pending | unfinished)
         fresh: dict[str, list[FleetMark]] = {}
-        for i in range(0, len(ids), 500):
-            for inc in s.scalars(select(Incident).where(Incident.id.in_(ids[i : i + 500]))):
+        for chunk in in_chunks(ids):
+            for inc in s.scalars(select(Incident).where(Incident.id.in_(chunk))):
                 for mark in self._mark(s, inc):
                     fresh.setdefault(mark.part_id, []).append(mark)
         return fresh
@@ -240,10 +248,10 @@ def new_part(part: Part, now_ns: int) -> FleetPart:
 
 
 def _rows(s: Session, model: Any, key: Any, values: list[str]) -> list[Any]:
-    """``model`` rows whose ``key`` is in ``values``, in chunks of 500 (bound parameters)."""
+    """``model`` rows whose ``key`` is in ``values``."""
     out: list[Any] = []
-    for i in range(0, len(values), 500):
-        out += s.scalars(select(model).where(key.in_(values[i : i + 500])))
+    for chunk in in_chunks(values):
+        out += s.scalars(select(model).where(key.in_(chunk)))
     return out
 
 
@@ -301,12 +309,8 @@ def lost_seconds(inc: Incident, job_now_ns: int | None) -> float:
             end_ns = inc.resolved_ns or inc.detected_ns
     else:
         end_ns = job_now_ns or inc.detected_ns
-    duration = max(0.0, (end_ns - inc.onset_ns) / 1e9)
-    if inc.kind == IncidentKind.HANG:
-        return duration
-    slowdown = inc.slowdown
-    share = 1.0 - 1.0 / slowdown if slowdown and slowdown > 1 else 0.0
-    return duration * share
+    return job_time_lost((end_ns - inc.onset_ns) / 1e9, inc.slowdown,
+                         hang=inc.kind == IncidentKind.HANG)  # fmt: skip
 
 
 __all__ = ["FleetLedger", "PartKind", "lost_seconds"]

@@ -7,12 +7,21 @@ their totals kept on the part), one inventory per host.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+
 from sqlalchemy import JSON, BigInteger, Boolean, Float, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from failslow.service.db import Base
 
 ARCHIVE = "(archive)"  # the job id of a part's pooled old readings
+IN_CHUNK = 500  # values per SQL IN list (SQLite's bound-parameter limit, with room)
+
+
+def in_chunks(values: Sequence[str]) -> Iterator[Sequence[str]]:
+    """``values`` in slices short enough for one ``IN (...)``."""
+    for i in range(0, len(values), IN_CHUNK):
+        yield values[i : i + IN_CHUNK]
 
 
 class FleetPart(Base):

@@ -35,7 +35,7 @@ from failslow.detectors.fleet import (
     health,
     tau_of,
 )
-from failslow.service.fleet.models import FleetMark, FleetPart, FleetReading
+from failslow.service.fleet.models import FleetMark, FleetPart, FleetReading, in_chunks
 from failslow.service.fleet.settings import FleetSettings
 from failslow.service.ids import rfc3339
 
@@ -64,9 +64,9 @@ def judge(s: Session, settings: FleetSettings, *, touched: dict[str, float],
         kinds = set(s.scalars(select(FleetPart.kind).distinct()))
     else:
         kinds = set()
-        for i in range(0, len(ids), 500):
+        for chunk in in_chunks(ids):
             kinds |= set(s.scalars(select(FleetPart.kind).distinct()
-                                   .where(FleetPart.part_id.in_(ids[i : i + 500]))))  # fmt: skip
+                                   .where(FleetPart.part_id.in_(chunk))))  # fmt: skip
     now_ns = fleet_now_ns(s)
     for kind in sorted(kinds):
         judge_kind(s, settings, PartKind(kind), now_ns=now_ns, touched=touched, fresh=fresh,
