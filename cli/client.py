@@ -93,6 +93,11 @@ def _detail(resp: httpx.Response) -> str:
     return str(body)
 
 
+def client_of(args: Any) -> Client:
+    """The client the connection flags of a command (``--url``, ``--token``, ``--context``) name."""
+    return Client(resolve_target(args.url, args.token, args.context))
+
+
 class Client:
     def __init__(self, target: Target, *, timeout_s: float = 30.0) -> None:
         self.target = target

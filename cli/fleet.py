@@ -9,7 +9,7 @@ import time
 from typing import Any
 from urllib.parse import quote
 
-from failslow.cli.client import Client, ClientError, resolve_target
+from failslow.cli.client import Client, ClientError, client_of
 from failslow.cli.output import emit
 
 KINDS = ("hosts", "gpus", "nics")  # list resources
@@ -66,7 +66,7 @@ def cmd_part_state(args: argparse.Namespace) -> int:
     """``drain`` or ``return`` a part (audited; the service says 409 on a wrong state)."""
     if args.resource not in ONE:
         raise ClientError(f"{args.verb} takes host, gpu or nic, not {args.resource!r}")
-    c = Client(resolve_target(args.url, args.token, args.context))
+    c = client_of(args)
     path = f"/v1/fleet/{ONE[args.resource]}/{quote(args.name, safe='/')}/{args.verb}"
     out = c.post(path, {"reason": args.reason})
     emit(ONE[args.resource], [out], args.output)
@@ -81,7 +81,7 @@ def cmd_qualify(args: argparse.Namespace) -> int:
     hosts = [h for part in args.hosts for h in part.split(",") if h]
     if not hosts:
         raise ClientError("qualify needs --hosts")
-    c = Client(resolve_target(args.url, args.token, args.context))
+    c = client_of(args)
     run = c.post("/v1/fleet/qualifications", {"hosts": hosts, "timeout_s": args.timeout,
                                               "bytes": args.bytes})  # fmt: skip
     deadline = time.monotonic() + args.timeout + 30

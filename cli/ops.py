@@ -13,11 +13,10 @@ from typing import Any
 
 from failslow.cli import fleet
 from failslow.cli.client import (
-    Client,
     ClientError,
+    client_of,
     load_config,
     parse_duration,
-    resolve_target,
     save_config,
 )
 from failslow.cli.output import OUTPUTS, emit, local_time
@@ -25,8 +24,7 @@ from failslow.cli.output import OUTPUTS, emit, local_time
 RESOURCES = ("jobs", "incidents", "actions", "ranks", "audit", *fleet.KINDS)
 
 
-def _client(args: argparse.Namespace) -> Client:
-    return Client(resolve_target(args.url, args.token, args.context))
+_client = client_of
 
 
 def _since_ns(args: argparse.Namespace) -> int | None:
