@@ -74,12 +74,15 @@ def part_out(row: FleetPart) -> dict[str, object]:
     )  # fmt: skip
 
 
-SORTS = {
-    PartSort.COST: lambda p: (-p.cost_s, p.part_id),
-    PartSort.SCORE: lambda p: (float((p.health or {}).get("score", 1.0)), p.part_id),
-    PartSort.JOBS: lambda p: (-p.jobs_total, p.part_id),
-    PartSort.NAME: lambda p: p.part_id,
+ORDER = {  # in SQL (with the limit): the (kind, cost) index serves the default
+    PartSort.COST: (FleetPart.cost_s.desc(), FleetPart.part_id),
+    PartSort.JOBS: (FleetPart.jobs_total.desc(), FleetPart.part_id),
+    PartSort.NAME: (FleetPart.part_id,),
 }
+
+
+def by_score(p: FleetPart) -> tuple[float, str]:  # the score lives in the health JSON
+    return float((p.health or {}).get("score", 1.0)), p.part_id  # type: ignore[arg-type]
 
 
 @router.put("/hosts/{host}/hardware", response_model=InventoryOut, dependencies=[IngestAuth],
@@ -131,8 +134,11 @@ def list_parts(
         q = q.where(FleetPart.flagged.is_(flagged))
     if host is not None:
         q = q.where(FleetPart.host == host)
-    rows = sorted(session.scalars(q), key=SORTS[sort])  # type: ignore[arg-type]
-    return [part_out(r) for r in rows[:limit]]
+    if sort == PartSort.SCORE:
+        rows = sorted(session.scalars(q), key=by_score)[:limit]
+    else:
+        rows = list(session.scalars(q.order_by(*ORDER[sort]).limit(limit)))
+    return [part_out(r) for r in rows]
 
 
 def _part(session: SessionDep, kinds: Kinds, part: str) -> FleetPart:
@@ -179,7 +185,7 @@ def get_part(kinds: Kinds, part: PartPath, session: SessionDep) -> dict[str, obj
 
 
 def _change(session: SessionDep, kinds: Kinds, part: str, state: PartState, verb: AuditVerb,
-            body: Because, actor: str, allowed: set[PartState]) -> dict[str, object]:  # fmt: skip
+            body: Because, actor: str, allowed: set[PartState]) -> FleetPart:  # fmt: skip
     row = _part(session, kinds, part)
     if row.state not in allowed:
         raise Conflict(f"{kinds.kind} {part!r} is {row.state}: {verb} needs one of "
@@ -197,7 +203,7 @@ def _change(session: SessionDep, kinds: Kinds, part: str, state: PartState, verb
         now_ns=time.time_ns(),
     )
     session.commit()
-    return part_out(row)
+    return row
 
 
 @router.post("/{kinds}/{part:path}/drain", response_model=PartOut, dependencies=[OperatorAuth])
@@ -205,9 +211,9 @@ def drain(kinds: Kinds, part: PartPath, body: Because, session: SessionDep, acto
           ctx: CtxDep) -> dict[str, object]:  # fmt: skip
     """Take a part out of service (``failed``) until it is returned; a drain action is proposed
     for its host (``hint``), carried out by the actuator once approved."""
-    out = _change(session, kinds, part, PartState.FAILED, AuditVerb.DRAIN, body, actor,
+    row = _change(session, kinds, part, PartState.FAILED, AuditVerb.DRAIN, body, actor,
                   {PartState.HEALTHY, PartState.SUSPECT, PartState.PROBATION})  # fmt: skip
-    row = _part(session, kinds, part)
+    out = part_out(row)
     job = hints.last_job(session, row.part_id)
     if ctx.fleet.propose is not None and job is not None:
         spec = hints.drain_spec(row, f"drained by {actor}: {body.reason}")
@@ -220,5 +226,5 @@ def drain(kinds: Kinds, part: PartPath, body: Because, session: SessionDep, acto
 def give_back(kinds: Kinds, part: PartPath, body: Because, session: SessionDep,
               actor: ActorDep) -> dict[str, object]:  # fmt: skip
     """A part back from repair: on probation until it runs clean (``fleet.probation_s``)."""
-    return _change(session, kinds, part, PartState.PROBATION, AuditVerb.RETURN, body, actor,
-                   {PartState.FAILED, PartState.SUSPECT})  # fmt: skip
+    return part_out(_change(session, kinds, part, PartState.PROBATION, AuditVerb.RETURN, body,
+                            actor, {PartState.FAILED, PartState.SUSPECT}))  # fmt: skip
