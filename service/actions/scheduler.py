@@ -146,11 +146,16 @@ class Mitigation:
             self._adopt_unacknowledged(job)
             self._measure(job)
 
-    def propose_hint(self, job: str, spec: policy.ActionSpec, event_ns: int) -> tuple[str, str]:
+    def propose_hint(self, job: str, spec: policy.ActionSpec,
+                     event_ns: int) -> tuple[str, str] | None:  # fmt: skip
         """An action decided outside the ladder (the fleet ledger's drain hints, docs/fleet.md),
         under the same approval rules and actuators; ``job``: the job whose evidence decided it.
         Returns ``(action id, state)``; the same ``spec.key`` again returns the first one.
-        Approved ones run in the next pass (``run_due``)."""
+        Approved ones run in the next pass (``run_due``). None while the job is muted: nothing
+        is proposed for a muted job, a hint included."""
+        if why := self.muted_of(job):
+            log.info("no %s %s proposed: job %s is muted (%s)", spec.kind, spec.target, job, why)
+            return None
         with session_scope(self.sessions) as s:
             action, created = actions.propose(
                 s, job=job, incident=None, spec=spec, mode=self.mode(spec.kind),

@@ -22,7 +22,8 @@ from failslow.service.fleet.models import ARCHIVE, FleetMark, FleetPart, FleetRe
 from failslow.service.jobs.models import Job
 
 UNFIT = (PartState.SUSPECT, PartState.FAILED)
-Propose = Callable[[str, ActionSpec, int], tuple[str, str]]  # (job, spec, event ns) -> (id, state)
+# (job, spec, event ns) -> (action id, state); None: not proposed (the job is muted)
+Propose = Callable[[str, ActionSpec, int], tuple[str, str] | None]
 
 
 def last_job(s: Session, part_id: str) -> str | None:

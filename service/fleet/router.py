@@ -217,8 +217,9 @@ def drain(kinds: Kinds, part: PartPath, body: Because, session: SessionDep, acto
     job = hints.last_job(session, row.part_id)
     if ctx.fleet.propose is not None and job is not None:
         spec = hints.drain_spec(row, f"drained by {actor}: {body.reason}")
-        action, state = ctx.fleet.propose(job, spec, row.state_since_ns)
-        out["hint"] = f"{action} ({state})"
+        proposed = ctx.fleet.propose(job, spec, row.state_since_ns)
+        if proposed is not None:
+            out["hint"] = f"{proposed[0]} ({proposed[1]})"
     return out
 
 
