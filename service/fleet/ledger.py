@@ -35,7 +35,7 @@ from failslow.service.fleet.models import (
     HostInventory,
     in_chunks,
 )
-from failslow.service.fleet.qualify import Qualifier
+from failslow.service.fleet.qualify import Norms, Qualifier
 from failslow.service.fleet.settings import FleetSettings
 from failslow.service.incidents.models import Incident, IncidentResolution, IncidentState
 from failslow.service.incidents.service import resolution_of
@@ -60,7 +60,9 @@ class FleetLedger:
         call; ``watermark(job)``: a job's event-time now (None: not in memory); ``propose``:
         where drain hints go (the actions' ``Mitigation.propose_hint``; None: none made)."""
         self.propose = propose
-        self.qualifier = Qualifier()  # qualification runs (in memory: qualify.py)
+        self.qualifier = Qualifier(Norms(link_ratio=settings.qualify_link_ratio,
+                                         compute_ratio=settings.qualify_compute_ratio))
+        # (qualification runs are in memory: qualify.py)
         self.settings, self.sessions = settings, sessions
         self.jobs, self.take, self.watermark = jobs, take, watermark
         self._pending: set[str] = set()  # incidents heard of since the last flush

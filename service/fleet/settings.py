@@ -59,6 +59,16 @@ class FleetSettings(BaseModel):
         default=100, ge=2,
         description="Per-job readings kept per part; older ones are pooled into one archive.",
     )  # fmt: skip
+    qualify_link_ratio: float = Field(
+        default=0.5, gt=0, lt=1,
+        description="Qualification: a host whose best link is below this x the fleet norm is "
+        "no-go.",
+    )  # fmt: skip
+    qualify_compute_ratio: float = Field(
+        default=1.25, gt=1,
+        description="Qualification: a host whose compute check takes above this x the fleet norm "
+        "is no-go.",
+    )  # fmt: skip
     gauges_top: int = Field(
         default=50, ge=0, le=1000,
         description="Per-part health gauges are exported for this many parts per kind (flagged "

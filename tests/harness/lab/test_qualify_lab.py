@@ -14,6 +14,7 @@ import pytest
 
 from failslow.cli import main
 from failslow.harness.lab import system
+from failslow.service.fleet.settings import FleetSettings
 from failslow.service.settings import Settings
 from tests.live import live_service
 
@@ -24,7 +25,10 @@ pytestmark = pytest.mark.skipif(bool(missing), reason="fault lab needs " + "; ".
 def test_a_throttled_nic_is_no_go_with_the_reason(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    settings = Settings(database_url=f"sqlite:///{tmp_path}/q.db")
+    # the three "hosts" share this machine's cores, so their compute checks contend: the compute
+    # rule is tested on given measurements (test_qualify.py); here the link is what is judged
+    settings = Settings(database_url=f"sqlite:///{tmp_path}/q.db",
+                        fleet=FleetSettings(qualify_compute_ratio=4.0))  # fmt: skip
     procs: list[subprocess.Popen[bytes]] = []
     with system.LabNetwork(3, prefix="fsq", net=81) as net, \
             live_service(settings, bind="0.0.0.0") as url:  # fmt: skip  # noqa: S104
@@ -49,6 +53,7 @@ def test_a_throttled_nic_is_no_go_with_the_reason(
     assert rc == 3 and out["state"] == "done", (out, logs)
     by = {h["host"]: h for h in out["hosts"]}
     assert out["no_go"] == ["labhost1"] and out["go"] == ["labhost0", "labhost2"], (out, logs)
-    [reason] = by["labhost1"]["reasons"]
-    assert reason.startswith("link ") and "at best (to labhost0, labhost2)" in reason, reason
+    # the link is the reason; on a loaded 2-core machine its compute round may add a second one
+    [reason] = [r for r in by["labhost1"]["reasons"] if r.startswith("link ")]
+    assert "at best (to labhost0, labhost2)" in reason, by["labhost1"]["reasons"]
     assert by["labhost1"]["link_bps"] < 4e6 < by["labhost0"]["link_bps"] / 5
