@@ -3,6 +3,8 @@ PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+# make test: pytest-xdist workers (most tests wait on servers and processes, not on the CPU)
+TEST_WORKERS ?= 3
 
 .PHONY: demo serve test chaos lint bench eval clean venv torch compat image-smoke stack-smoke
 
@@ -24,7 +26,7 @@ serve: $(STAMP)
 
 test: $(STAMP) torch
 	@sh scripts/test-servers.sh
-	$(PY) -m pytest -q -rs --durations=15
+	$(PY) -m pytest -q -rs --durations=15 -n $(TEST_WORKERS) --dist loadgroup
 
 # The chaos tests three times in a row (issue 17's and issue 31's acceptance; docs/hardening.md):
 # service, database and disk (needs root for tmpfs, and Debian's postgresql, as make test does),

@@ -21,6 +21,27 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(key)
 
 
+# Tests that share one machine-wide resource run in one pytest-xdist worker, one after another
+# (make test runs the rest in parallel): the fault lab's network namespaces, bridges, tc and
+# cgroups; and the tests that keep every core busy against deadlines of their own (PyTorch's
+# suite, the chaos runs), which failed when they ran beside each other on 2 cores.
+SERIAL_GROUPS = {
+    "harness/lab": "heavy",
+    "compat": "heavy",
+    "e2e/test_chaos.py": "heavy",
+    "e2e/test_chaos_shards.py": "heavy",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        rel = item.path.relative_to(here).as_posix() if item.path.is_relative_to(here) else ""
+        for prefix, group in SERIAL_GROUPS.items():
+            if rel == prefix or rel.startswith(prefix + "/"):
+                item.add_marker(pytest.mark.xdist_group(group))
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Tests marked ``both_databases`` run on SQLite and on a real PostgreSQL server."""
     if "db_url" in metafunc.fixturenames and metafunc.definition.get_closest_marker(
