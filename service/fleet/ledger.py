@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from failslow.detectors.fleet import JobReading, PartKind, merge, pooled
 from failslow.detectors.impact import job_time_lost
-from failslow.detectors.vocab import IncidentKind
+from failslow.detectors.vocab import IncidentKind, Severity
 from failslow.service.db import session_scope
 from failslow.service.detection.engine import Taken
 from failslow.service.fleet import hints, standing
@@ -35,7 +35,7 @@ from failslow.service.fleet.models import (
     HostInventory,
     in_chunks,
 )
-from failslow.service.fleet.qualify import Norms, Qualifier
+from failslow.service.fleet.qualify import Norms, Qualifier, SlowLink
 from failslow.service.fleet.settings import FleetSettings
 from failslow.service.incidents.models import Incident, IncidentResolution, IncidentState
 from failslow.service.incidents.service import resolution_of
@@ -111,7 +111,8 @@ class FleetLedger:
             touched: dict[str, float] = {}  # part id -> observed seconds added now
             for job, t, now_ns in taken:
                 self._readings(s, job, t, now_ns or time.time_ns(), touched)
-            fresh = self._marks(s, pending)
+            fresh = self._marks(s, pending, touched)
+            self._qualified(s, self.qualifier.take_slow_links(), fresh)
             before = {p: st for p, st in s.execute(select(FleetPart.part_id, FleetPart.state))}
             full = self.flushes % standing.FULL_EVERY == 0
             standing.judge(s, self.settings, touched=touched, fresh=fresh, full=full)
@@ -182,20 +183,37 @@ class FleetLedger:
             prune_readings(s, part_id, self.settings.max_jobs_per_part)
 
     # -- incidents -----------------------------------------------------------------------------
-    def _marks(self, s: Session, pending: set[str]) -> dict[str, list[FleetMark]]:
+    def _marks(
+        self, s: Session, pending: set[str], touched: dict[str, float]
+    ) -> dict[str, list[FleetMark]]:
         """Mark the parts the incidents name (new ones, and open ones' growing cost); the
-        marks made now, per part."""
+        marks made now, per part. A part an incident no longer names (active probes narrowed
+        a slow link to one end) loses its mark and is judged again (``touched``)."""
         unfinished = set(s.scalars(select(FleetMark.incident_id).where(FleetMark.final.is_(False))))
         ids = sorted(pending | unfinished)
         fresh: dict[str, list[FleetMark]] = {}
         for chunk in in_chunks(ids):
+            had: dict[str, dict[str, FleetMark]] = {}
+            for m in s.scalars(select(FleetMark).where(FleetMark.incident_id.in_(chunk))):
+                had.setdefault(m.incident_id, {})[m.part_id] = m
             for inc in s.scalars(select(Incident).where(Incident.id.in_(chunk))):
-                for mark in self._mark(s, inc):
+                for mark in self._mark(s, inc, had.get(inc.id, {}), touched):
                     fresh.setdefault(mark.part_id, []).append(mark)
         return fresh
 
-    def _mark(self, s: Session, inc: Incident) -> list[FleetMark]:
+    def _mark(self, s: Session, inc: Incident, had: dict[str, FleetMark],
+              touched: dict[str, float]) -> list[FleetMark]:  # fmt: skip
         parts = self._parts_of(s, inc)
+        named = {p.part_id for p in parts}
+        for part_id, old in had.items():
+            if part_id in named:
+                continue
+            row = s.get(FleetPart, part_id)
+            if row is not None:
+                row.incidents_total = max(0, row.incidents_total - 1)
+                row.lost_s_total = max(0.0, row.lost_s_total - old.lost_s)
+            s.delete(old)
+            touched.setdefault(part_id, 0.0)
         if not parts:
             return []
         final = inc.state == IncidentState.RESOLVED
@@ -204,7 +222,7 @@ class FleetLedger:
         out: list[FleetMark] = []
         for part in parts:
             row = ensure_part(s, part, inc.detected_ns)
-            mark = s.get(FleetMark, (inc.id, part.part_id))
+            mark = had.get(part.part_id)
             if mark is None:
                 mark = FleetMark(incident_id=inc.id, part_id=part.part_id, job_id=inc.job_id,
                                  kind=inc.kind, severity=inc.severity, at_ns=inc.onset_ns,
@@ -215,6 +233,23 @@ class FleetLedger:
             row.lost_s_total += max(0.0, lost - mark.lost_s)
             mark.lost_s, mark.final, mark.severity = lost, final, inc.severity
         return out
+
+    def _qualified(self, s: Session, slow: list[SlowLink],
+                   fresh: dict[str, list[FleetMark]]) -> None:  # fmt: skip
+        """Qualification runs that found a host's link slow: a mark on its network part, like a
+        slow-link incident's (it costs no job time: the host took no job)."""
+        for q in slow:
+            inv = s.get(HostInventory, q.host)
+            part = nic_part(q.host, inv.nics if inv is not None else None)
+            if s.get(FleetMark, (q.run, part.part_id)) is not None:
+                continue
+            row = ensure_part(s, part, q.at_ns)
+            mark = FleetMark(incident_id=q.run, part_id=part.part_id, job_id=q.run,
+                             kind=IncidentKind.SLOW_LINK, severity=Severity.MAJOR, at_ns=q.at_ns,
+                             lost_s=0.0, hard=False, final=True)  # fmt: skip
+            s.add(mark)
+            row.incidents_total += 1
+            fresh.setdefault(part.part_id, []).append(mark)
 
     def _parts_of(self, s: Session, inc: Incident) -> list[Part]:
         """The parts an incident names: a slow GPU its GPU, a slow node or a hang its hosts, a

@@ -13,7 +13,9 @@ ends (said so). A host already failed or suspect in the ledger, or with a flagge
 no-go whatever it measures; one whose agent does not answer within the timeout is no-go.
 
 Runs and the recent norms are kept in this process's memory (bounded): a qualification is
-minutes long, and a restart loses only runs in progress.
+minutes long, and a restart loses only runs in progress. A host found no-go for its link is
+handed to the fleet ledger (:meth:`Qualifier.take_slow_links`): a mark on its network part, as a
+slow-link incident would make.
 """
 
 from __future__ import annotations
@@ -65,6 +67,16 @@ class Run:
     verdicts: dict[str, dict[str, Any]] | None = None  # once done
 
 
+@dataclass(frozen=True, slots=True)
+class SlowLink:
+    """A host whose link a qualification found slow (for the fleet ledger)."""
+
+    run: str
+    host: str
+    reason: str
+    at_ns: int  # wall clock
+
+
 @dataclass(frozen=True)
 class Norms:
     link_ratio: float = 0.5
@@ -79,7 +91,15 @@ class Qualifier:
         self.max_runs = max_runs
         self.history: dict[TaskKind, deque[float]] = {
             k: deque(maxlen=self.norms.keep) for k in TaskKind}  # fmt: skip
+        self._slow_links: deque[SlowLink] = deque(maxlen=10_000)
         self._lock = threading.Lock()
+
+    def take_slow_links(self) -> list[SlowLink]:
+        """Hosts found no-go for their link since the last call."""
+        with self._lock:
+            out = list(self._slow_links)
+            self._slow_links.clear()
+        return out
 
     def start(self, hosts: list[str], *, timeout_s: float, nbytes: int, iterations: int,
               standing: dict[str, list[str]]) -> Run:  # fmt: skip
@@ -186,6 +206,7 @@ class Qualifier:
                 both = " (two hosts: either end may be slow)" if len(run.hosts) == 2 else ""
                 reasons.append(f"link {best / 1e6:.1f} MB/s at best (to {peers}) against the "
                                f"norm {l_norm / 1e6:.1f} MB/s{both}")  # fmt: skip
+                self._slow_links.append(SlowLink(run.id, h, reasons[-1], time.time_ns()))
             out[h] = {"verdict": Verdict.NO_GO if reasons else Verdict.GO, "reasons": reasons,
                       "compute_s": secs, "link_bps": best}  # fmt: skip
         # only measurements of hosts that passed feed the norm: a bad host must not lower it

@@ -1,0 +1,102 @@
+"""Where the ledger's incident marks land: a slow link that active probes narrowed to one end
+moves its mark (and its counts) off the other end's NIC; a qualification that finds a host's link
+slow marks its NIC, and two such runs make it a repeat offender (suspect)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from failslow.agents.wire import encode_envelope
+from failslow.harness.simulator import Layout, Scenario
+from failslow.service.app import create_app
+from failslow.service.db import session_scope
+from failslow.service.fleet.qualify import TaskKind
+from failslow.service.fleet.settings import FleetSettings
+from failslow.service.incidents.models import Incident
+from failslow.service.metrics import Event
+from failslow.service.settings import DetectionSettings, Settings
+
+MB = 1e6
+
+
+@pytest.fixture
+def c(tmp_path: Path) -> Iterator[TestClient]:
+    settings = Settings(database_url=f"sqlite:///{tmp_path}/marks.db",
+                        detection=DetectionSettings(interval_s=0.05),
+                        fleet=FleetSettings(flush_interval_s=3600))  # fmt: skip
+    with TestClient(create_app(settings)) as client:
+        yield client
+
+
+def small_job(c: TestClient, job: str) -> tuple[str, str]:
+    """A healthy 2-host job (so that the job and its hosts are known); its host names."""
+    scenario = Scenario(job=job, layout=Layout(tp=2, pp=1, dp=4, gpus_per_host=4), steps=30)
+    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    for env in scenario.envelopes(scenario.simulation()):
+        r = c.post("/v1/ingest", content=encode_envelope(env), headers=headers)
+        assert r.status_code == 200, r.text
+    assert c.post(f"/v1/jobs/{job}/flush").status_code == 200
+    a, b = scenario.layout.hosts
+    return a, b
+
+
+def nic(c: TestClient, host: str) -> dict[str, object]:
+    r = c.get(f"/v1/fleet/nics/{host}/net")
+    assert r.status_code == 200, r.text
+    body: dict[str, object] = r.json()
+    return body
+
+
+def test_a_probed_slow_link_moves_its_mark_to_the_slow_end(c: TestClient) -> None:
+    a, b = small_job(c, "mk-1")
+    ctx = c.app.state.ctx  # type: ignore[attr-defined]
+    onset = Scenario().t0_ns + 10**9  # in the job's event time: its cost grows to its now
+    with session_scope(ctx.sessions) as s:
+        s.add(Incident(id="inc_link1", job_id="mk-1", kind="slow_link", subject=f"{a}|{b}",
+                       state="open", ranks=[], hosts=[a, b], slowdown=1.3, subject_slowdown=3.0,
+                       confidence=0.8, severity="major", onset_ns=onset,
+                       detected_ns=onset + 2 * 10**9, resolved_ns=None, onset_step=10,
+                       detected_step=12, resolved_step=None, summary="slow link", evidence={},
+                       updated_ns=onset))  # fmt: skip
+    ctx.fleet.sink(Event.INCIDENT_OPENED, {"incident": "inc_link1"})
+    assert c.post("/v1/fleet/flush").status_code == 200
+    for h in (a, b):  # passive data blames both ends
+        part = nic(c, h)
+        assert part["incidents"] == 1 and [m["incident"] for m in part["marks"]] == ["inc_link1"]
+    with session_scope(ctx.sessions) as s:  # what a finished probe campaign writes
+        inc = s.get(Incident, "inc_link1")
+        assert inc is not None
+        inc.hosts = [b]
+        inc.evidence = {"probes": {"component": f"host:{b}", "hosts": [b]}}
+    assert c.post("/v1/fleet/flush").status_code == 200
+    cleared, blamed = nic(c, a), nic(c, b)
+    assert cleared["incidents"] == 0 and cleared["marks"] == [], cleared
+    assert cleared["cost_s"] == 0.0 and blamed["cost_s"] > 0, (cleared, blamed)
+    [m] = blamed["marks"]
+    assert m["incident"] == "inc_link1" and blamed["incidents"] == 1
+
+
+def test_failed_link_qualifications_mark_the_nic_and_make_it_suspect(c: TestClient) -> None:
+    a, b = small_job(c, "mk-2")
+    ctx = c.app.state.ctx  # type: ignore[attr-defined]
+    q = ctx.fleet.qualifier
+    for _ in range(2):  # two runs, each measuring host b's links at 3 MB/s against ~900
+        run = q.start([a, b, "node-x"], timeout_s=60, nbytes=1 << 20, iterations=5, standing={})
+        for t in run.tasks.values():
+            if t.kind == TaskKind.COMPUTE:
+                q.report(run.id, t.id, {"seconds": 0.2})
+            else:
+                slow = b in (t.host, t.peer)
+                q.report(run.id, t.id, {"bps": 3 * MB if slow else 900 * MB})
+        view = q.view(run.id)
+        assert view is not None and view["no_go"] == [b], view
+        assert c.post("/v1/fleet/flush").status_code == 200
+    part = nic(c, b)
+    assert part["incidents"] == 2 and {m["kind"] for m in part["marks"]} == {"slow_link"}
+    assert all(m["job"].startswith("qual_") for m in part["marks"])
+    assert part["state"] == "suspect" and "named by incidents in 2 jobs" in part["state_reason"]
+    assert nic(c, a)["incidents"] == 0  # its one slow pair is b's
