@@ -70,6 +70,12 @@ def cmd_part_state(args: argparse.Namespace) -> int:
     path = f"/v1/fleet/{ONE[args.resource]}/{quote(args.name, safe='/')}/{args.verb}"
     out = c.post(path, {"reason": args.reason})
     emit(ONE[args.resource], [out], args.output)
+    if out.get("hint"):  # the drain/undrain action proposed for its host
+        action = str(out["hint"]).split(" ")[0]
+        print(f"{args.verb} action for {out['host']}: {out['hint']}; if proposed: failslow "
+              f"approve {action} --reason ...", file=sys.stderr)  # fmt: skip
+    if out.get("hint_skipped"):
+        print(f"no undrain proposed: {out['hint_skipped']}", file=sys.stderr)
     return 0
 
 

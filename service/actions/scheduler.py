@@ -36,7 +36,8 @@ from failslow.service.stream.registry import JobRegistry
 from failslow.service.stream.state import JobState
 
 log = logging.getLogger(__name__)
-MANUAL_BY_DEFAULT = (ActionKind.ISOLATE, ActionKind.RESTART, ActionKind.DRAIN)
+MANUAL_BY_DEFAULT = (ActionKind.ISOLATE, ActionKind.RESTART, ActionKind.DRAIN,
+                     ActionKind.UNDRAIN)  # fmt: skip
 
 
 class Detection(DetectionReader, Protocol):

@@ -24,6 +24,7 @@ class ActionsSettings(BaseModel):
             ActionKind.ISOLATE: ActuatorName.LOG,
             ActionKind.RESTART: ActuatorName.LOG,
             ActionKind.DRAIN: ActuatorName.LOG,
+            ActionKind.UNDRAIN: ActuatorName.LOG,
         },
         description="Which actuator carries out each action kind (JSON in the environment).",
     )
@@ -35,6 +36,7 @@ class ActionsSettings(BaseModel):
             ActionKind.ISOLATE: Approval.MANUAL,
             ActionKind.RESTART: Approval.MANUAL,
             ActionKind.DRAIN: Approval.MANUAL,
+            ActionKind.UNDRAIN: Approval.MANUAL,
         },
         description="`auto` executes at once; `manual` waits for an operator's approval.",
     )

@@ -14,6 +14,9 @@ class ActionKind(StrEnum):
     ISOLATE = "isolate"  # exclude a host
     RESTART = "restart"  # checkpoint-restart the job
     DRAIN = "drain"  # a fleet hint: keep a host out of future jobs (Slurm drain, K8s cordon+taint)
+    # a part returned from repair: its host back in service (Slurm resume, K8s uncordon and
+    # untaint), only where failslow drained it
+    UNDRAIN = "undrain"
 
 
 class ActionState(StrEnum):

@@ -3,7 +3,8 @@ approval rules and actuators (Slurm ``scontrol update nodename=... state=drain``
 cordon + taint; ``log`` by default, manual approval by default: docs/fleet.md).
 
 A hint is proposed when a part moves to ``suspect`` or ``failed`` by evidence, and when an
-operator drains it. Its idempotency key is the part and the moment of its move, so a part that
+operator drains it; an ``undrain`` when an operator returns it and nothing else on its host is
+still unfit. Its idempotency key is the part and the moment of its move, so a part that
 stays unfit is hinted once, and again only after it was returned and failed anew. Actions belong
 to a job (the one whose evidence decided it: its newest reading or incident), as every action.
 """
@@ -27,17 +28,16 @@ Propose = Callable[[str, ActionSpec, int], tuple[str, str] | None]
 
 
 def last_job(s: Session, part_id: str) -> str | None:
-    """The newest job that said something of the part, if it is still known."""
+    """The newest job that said something of the part, of the two newest sayings (a reading, a
+    mark), that is still known (a qualification's mark names its run, not a job)."""
     r = s.scalars(select(FleetReading).where(FleetReading.part_id == part_id,
                                              FleetReading.job_id != ARCHIVE)
                   .order_by(FleetReading.last_ns.desc()).limit(1)).first()  # fmt: skip
     m = s.scalars(select(FleetMark).where(FleetMark.part_id == part_id)
                   .order_by(FleetMark.at_ns.desc()).limit(1)).first()  # fmt: skip
     seen = ([(r.last_ns, r.job_id)] if r else []) + ([(m.at_ns, m.job_id)] if m else [])
-    if not seen:
-        return None
-    job = max(seen)[1]
-    return job if s.get(Job, job) is not None else None
+    return next((job for _, job in sorted(seen, reverse=True) if s.get(Job, job) is not None),
+                None)  # fmt: skip
 
 
 def drain_spec(part: FleetPart, why: str) -> ActionSpec:
@@ -48,6 +48,23 @@ def drain_spec(part: FleetPart, why: str) -> ActionSpec:
                 "state": part.state},
         key=f"fleet:{part.part_id}:{part.state_since_ns}",
     )  # fmt: skip
+
+
+def undrain_spec(part: FleetPart, why: str) -> ActionSpec:
+    """The host of a part returned from repair back in service (where failslow drained it)."""
+    reason = f"fleet: {part.kind} {part.part_id} returned: {why}"[:480]
+    return ActionSpec(
+        kind=ActionKind.UNDRAIN, target=f"host:{part.host}", reason=reason,
+        params={"host": part.host, "part": part.part_id, "part_kind": part.kind},
+        key=f"fleet-return:{part.part_id}:{part.state_since_ns}",
+    )  # fmt: skip
+
+
+def unfit_on(s: Session, host: str) -> list[str]:
+    """Parts on ``host`` that are still unfit (its host stays drained for them)."""
+    q = select(FleetPart.part_id).where(FleetPart.host == host,
+                                        FleetPart.state.in_([str(u) for u in UNFIT]))  # fmt: skip
+    return list(s.scalars(q))
 
 
 def hints_for(s: Session, before: dict[str, str]) -> list[tuple[str, ActionSpec, int]]:
@@ -63,4 +80,4 @@ def hints_for(s: Session, before: dict[str, str]) -> list[tuple[str, ActionSpec,
     return out
 
 
-__all__ = ["Propose", "drain_spec", "hints_for", "last_job"]
+__all__ = ["Propose", "drain_spec", "hints_for", "last_job", "undrain_spec", "unfit_on"]

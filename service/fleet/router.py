@@ -224,8 +224,22 @@ def drain(kinds: Kinds, part: PartPath, body: Because, session: SessionDep, acto
 
 
 @router.post("/{kinds}/{part:path}/return", response_model=PartOut, dependencies=[OperatorAuth])
-def give_back(kinds: Kinds, part: PartPath, body: Because, session: SessionDep,
-              actor: ActorDep) -> dict[str, object]:  # fmt: skip
-    """A part back from repair: on probation until it runs clean (``fleet.probation_s``)."""
-    return part_out(_change(session, kinds, part, PartState.PROBATION, AuditVerb.RETURN, body,
-                            actor, {PartState.FAILED, PartState.SUSPECT}))  # fmt: skip
+def give_back(kinds: Kinds, part: PartPath, body: Because, session: SessionDep, actor: ActorDep,
+              ctx: CtxDep) -> dict[str, object]:  # fmt: skip
+    """A part back from repair: on probation until it runs clean (``fleet.probation_s``); an
+    undrain action is proposed for its host (``hint``) unless another part there is still unfit
+    (``hint_skipped`` says which)."""
+    row = _change(session, kinds, part, PartState.PROBATION, AuditVerb.RETURN, body, actor,
+                  {PartState.FAILED, PartState.SUSPECT})  # fmt: skip
+    out = part_out(row)
+    job = hints.last_job(session, row.part_id)
+    if ctx.fleet.propose is None or job is None:
+        return out
+    if still := hints.unfit_on(session, row.host):
+        out["hint_skipped"] = f"{row.host} stays drained: {', '.join(still[:5])} still unfit"
+        return out
+    proposed = ctx.fleet.propose(job, hints.undrain_spec(row, f"by {actor}: {body.reason}"),
+                                 row.state_since_ns)  # fmt: skip
+    if proposed is not None:
+        out["hint"] = f"{proposed[0]} ({proposed[1]})"
+    return out

@@ -45,8 +45,14 @@ class PartOut(BaseModel):
     last_seen: str | None
     hint: str | None = Field(
         default=None,
-        description="drain: the drain action proposed for its host and its state (approve it "
-        "to have the actuator drain the host); none when no job has run on it.",
+        description="drain / return: the drain (undrain) action proposed for its host and its "
+        "state (approve it to have the actuator drain the host, or put it back in service); "
+        "none when no job has run on it.",
+    )
+    hint_skipped: str | None = Field(
+        default=None,
+        description="return: why no undrain was proposed (another part on its host is still "
+        "unfit).",
     )
 
 

@@ -5,8 +5,10 @@ patches ``spec.unschedulable=true`` on the node, then evicts (policy/v1 Eviction
 the job on that node, found by the label ``<job_label>=<job>``; ``restart`` deletes all the
 job's pods so that its controller (JobSet, PyTorchJob, ...) recreates them from the checkpoint
 without the cordoned node; the fleet's ``drain`` hint cordons the node and taints it
-``failslow.dev/unfit=<part>:NoSchedule`` (running pods stay: it keeps future work off). Other
-kinds are no-ops.
+``failslow.dev/unfit=<part>:NoSchedule`` (running pods stay: it keeps future work off);
+``undrain`` (a part returned from repair) removes that taint and uncordons the node, only where
+failslow's taint is on it: a node cordoned by someone else stays cordoned and the action fails
+saying so. Other kinds are no-ops.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from failslow.service.actions.actuators.base import ActionRequest, ActuatorError
+from failslow.service.actions.vocab import ActionKind
 
 TAINT = "failslow.dev/unfit"
 
@@ -66,7 +69,7 @@ class KubernetesActuator:
         from kubernetes.client.rest import ApiException
 
         try:
-            if request.kind == "isolate":
+            if request.kind == ActionKind.ISOLATE:
                 node = str(request.params.get("host") or request.target.removeprefix("host:"))
                 pods = [p.metadata.name for p in self._pods(request.job, node)]
                 if request.dry_run:
@@ -78,7 +81,7 @@ class KubernetesActuator:
                     )
                     self.core.create_namespaced_pod_eviction(name, self.namespace, body)
                 return {"cordoned": node, "evicted": pods, "ran": True}
-            if request.kind == "drain":
+            if request.kind == ActionKind.DRAIN:
                 node = str(request.params.get("host") or request.target.removeprefix("host:"))
                 taint = {"key": TAINT, "value": taint_value(request), "effect": "NoSchedule"}
                 if request.dry_run:
@@ -90,7 +93,9 @@ class KubernetesActuator:
                 self.core.patch_node(node, {"spec": {"unschedulable": True,
                                                      "taints": [*kept, taint]}})  # fmt: skip
                 return {"cordoned": node, "tainted": taint, "ran": True}
-            if request.kind == "restart":
+            if request.kind == ActionKind.UNDRAIN:
+                return self._undrain(request)
+            if request.kind == ActionKind.RESTART:
                 pods = [p.metadata.name for p in self._pods(request.job, None)]
                 if request.dry_run:
                     return {"delete": pods, "ran": False}
@@ -100,3 +105,20 @@ class KubernetesActuator:
         except ApiException as exc:
             raise ActuatorError(f"kubernetes API {exc.status}: {exc.reason}") from exc
         return {"ran": False, "note": f"nothing to do for {request.kind}"}
+
+    def _undrain(self, request: ActionRequest) -> dict[str, Any]:
+        node = str(request.params.get("host") or request.target.removeprefix("host:"))
+        spec = self.core.read_node(node).spec
+        current = (spec.taints if spec is not None else None) or []
+        ours = [t for t in current if t.key == TAINT]
+        if not ours:
+            if spec is not None and spec.unschedulable:
+                raise ActuatorError(f"{node} was cordoned by someone else (no {TAINT} taint): "
+                                    "left cordoned")  # fmt: skip
+            return {"ran": False, "note": f"{node} is not cordoned"}
+        kept = [{"key": t.key, "value": t.value, "effect": t.effect} for t in current
+                if t.key != TAINT]  # fmt: skip
+        if request.dry_run:
+            return {"uncordon": node, "untaint": TAINT, "ran": False}
+        self.core.patch_node(node, {"spec": {"unschedulable": False, "taints": kept}})
+        return {"uncordoned": node, "untainted": TAINT, "ran": True}

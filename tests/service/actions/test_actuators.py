@@ -147,6 +147,25 @@ def test_slurm_drains_the_node_and_requeues_the_job(scontrol: tuple[Path, Path])
     assert lines[2] == "update nodename=node-017 state=drain reason=failslow act_4: GPU-x 6% slower"
 
 
+def test_slurm_undrain_leaves_a_node_someone_else_drained(tmp_path: Path) -> None:
+    """``scontrol show node`` as Slurm prints it for a node an administrator drained."""
+    log, exe = tmp_path / "scontrol.log", tmp_path / "scontrol"
+    exe.write_text(
+        "#!/bin/sh\n"
+        f'printf "%s\\n" "$*" >> {log}\n'
+        'echo "NodeName=node-017 Arch=x86_64 CoresPerSocket=1"\n'
+        'echo "   State=IDLE+DRAIN ThreadsPerCore=1 TmpDisk=0 Weight=1"\n'
+        'echo "   Reason=rack 4 maintenance [admin@2026-12-06T10:00:00]"\n'
+    )
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    back = ActionRequest("act_7", "j", None, "undrain", "host:node-017", "repaired",
+                         {"host": "node-017"})  # fmt: skip
+    out = run(SlurmActuator(scontrol=str(exe)), back, timeout_s=10)
+    assert not out.ok and "drained by someone else (reason: rack 4 maintenance" in \
+        out.result["error"]  # fmt: skip
+    assert log.read_text().splitlines() == ["show node node-017"]  # nothing resumed
+
+
 def test_slurm_failure_carries_scontrols_message(scontrol: tuple[Path, Path]) -> None:
     exe, _ = scontrol
     bad = ActionRequest("act_3", "j", None, "isolate", "host:bad-node", "x", {"host": "bad-node"})
@@ -219,6 +238,41 @@ def test_kubernetes_drain_hint_cordons_and_taints_the_node() -> None:
         assert patch == {"spec": {"unschedulable": True, "taints": [
             {"key": TAINT, "value": "GPU-5c1e9d2a_x", "effect": "NoSchedule"}]}}  # fmt: skip
         assert not any(m == "POST" for m, _, _, _ in r.requests)  # nothing evicted: a hint
+    finally:
+        r.close()
+
+
+def _tainted_node(taints: list[dict[str, str]], unschedulable: bool) -> Any:
+    def body(method: str, path: str) -> Any:
+        if method == "GET" and path.startswith("/api/v1/nodes/"):
+            return {"kind": "Node", "apiVersion": "v1", "metadata": {"name": "node-017"},
+                    "spec": {"unschedulable": unschedulable, "taints": taints}}  # fmt: skip
+        return _kube_body(method, path)
+
+    return body
+
+
+def test_kubernetes_undrain_removes_only_its_taint_and_uncordons() -> None:
+    pytest.importorskip("kubernetes")
+    from failslow.service.actions.actuators.kubernetes import TAINT, KubernetesActuator
+
+    gpu = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    ours = {"key": TAINT, "value": "GPU-5c1e9d2a_x", "effect": "NoSchedule"}
+    back = ActionRequest("act_6", "llama-7", None, "undrain", "host:node-017", "repaired",
+                         {"host": "node-017"})  # fmt: skip
+    r = Receiver(body=_tainted_node([gpu, ours], True))
+    try:
+        out = run(KubernetesActuator(namespace="train", host=r.url), back, timeout_s=20)
+        assert out.ok and out.result["uncordoned"] == "node-017", out.result
+        patch = json.loads(next(b for m, _, _, b in r.requests if m == "PATCH"))
+        assert patch == {"spec": {"unschedulable": False, "taints": [gpu]}}
+    finally:
+        r.close()
+    r = Receiver(body=_tainted_node([gpu], True))  # cordoned, but not by failslow
+    try:
+        out = run(KubernetesActuator(namespace="train", host=r.url), back, timeout_s=20)
+        assert not out.ok and "cordoned by someone else" in out.result["error"], out.result
+        assert not any(m == "PATCH" for m, _, _, _ in r.requests)
     finally:
         r.close()
 

@@ -95,3 +95,39 @@ def test_the_hint_drains_the_node_in_a_real_slurm_cluster(tmp_path: Path, slurm:
     assert "DRAIN" in slurm.field("node", slurm.node, "State")
     reason = slurm.run("scontrol", "show", "node", slurm.node)
     assert f"failslow {hint['id']}" in reason and "fleet" in reason
+
+
+def test_a_returned_host_is_put_back_in_service_only_when_failslow_drained_it(
+    tmp_path: Path, slurm: Any
+) -> None:
+    """Drained through a hint, returned from repair: the undrain action resumes the node; a node
+    an administrator drained meanwhile for something else stays drained."""
+    actions = ActionsSettings(actuators=["log", "plan", "slurm"], slurm_conf=str(slurm.conf),
+                              actuator_for={"drain": "slurm", "undrain": "slurm"})  # fmt: skip
+    with app(tmp_path, actions) as c:
+        hang_job(c, "back-slurm", slurm.node, "gpu-node-3")
+        [hint] = drains(c, "back-slurm")
+        c.post(f"/v1/actions/{hint['id']}/approve", json={"reason": "drain it"})
+        assert "DRAIN" in slurm.field("node", slurm.node, "State")
+        out = c.post(f"/v1/fleet/hosts/{slurm.node}/return", json={"reason": "PSU replaced"})
+        assert out.status_code == 200, out.text
+        body = out.json()
+        assert body["state"] == "probation" and body["hint"].endswith("(proposed)"), body
+        back = body["hint"].split(" ")[0]
+        assert "DRAIN" in slurm.field("node", slurm.node, "State")  # nothing before approval
+        r = c.post(f"/v1/actions/{back}/approve", json={"reason": "back in service"})
+        assert r.status_code == 200, r.text
+        done = c.get(f"/v1/actions/{back}").json()
+        assert done["state"] == "succeeded" and done["kind"] == "undrain", done
+        assert "DRAIN" not in slurm.field("node", slurm.node, "State")
+        # drained by hand for something else, then failslow's hint again: left drained
+        slurm.run("scontrol", "update", f"nodename={slurm.node}", "state=drain",
+                  "reason=rack maintenance")  # fmt: skip
+        c.post(f"/v1/fleet/hosts/{slurm.node}/drain", json={"reason": "again"})
+        body = c.post(f"/v1/fleet/hosts/{slurm.node}/return", json={"reason": "ok"}).json()
+        again = body["hint"].split(" ")[0]
+        c.post(f"/v1/actions/{again}/approve", json={"reason": "back"})
+        failed = c.get(f"/v1/actions/{again}").json()
+        assert failed["state"] == "failed" and "drained by someone else" in str(failed["result"])
+        assert "DRAIN" in slurm.field("node", slurm.node, "State")
+    slurm.run("scontrol", "update", f"nodename={slurm.node}", "state=resume")
