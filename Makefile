@@ -26,7 +26,7 @@ serve: $(STAMP)
 
 test: $(STAMP) torch
 	@sh scripts/test-servers.sh
-	$(PY) -m pytest -q -rs --durations=15 -n $(TEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -q -rs --durations=15 -n $(TEST_WORKERS)
 
 # The chaos tests three times in a row (issue 17's and issue 31's acceptance; docs/hardening.md):
 # service, database and disk (needs root for tmpfs, and Debian's postgresql, as make test does),

@@ -26,20 +26,28 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 # cgroups; and the tests that keep every core busy against deadlines of their own (PyTorch's
 # suite, the chaos runs), which failed when they ran beside each other on 2 cores.
 SERIAL_GROUPS = {
-    "harness/lab": "heavy",
-    "compat": "heavy",
-    "e2e/test_chaos.py": "heavy",
-    "e2e/test_chaos_shards.py": "heavy",
+    "tests/harness/lab/": "heavy",
+    "tests/compat/": "heavy",
+    "tests/e2e/test_chaos.py": "heavy",
+    "tests/e2e/test_chaos_shards.py": "heavy",
 }
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
-    for item in items:
-        rel = item.path.relative_to(here).as_posix() if item.path.is_relative_to(here) else ""
-        for prefix, group in SERIAL_GROUPS.items():
-            if rel == prefix or rel.startswith(prefix + "/"):
-                item.add_marker(pytest.mark.xdist_group(group))
+def serial_group(nodeid: str) -> str | None:
+    return next((g for prefix, g in SERIAL_GROUPS.items() if nodeid.startswith(prefix)), None)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """One work unit per test, except the serial groups: each group is one unit (one worker,
+    in order). xdist's own ``--dist loadgroup`` cannot do it under pytest 9.2, whose node ids
+    it can no longer suffix with the group."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SerialGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return serial_group(nodeid) or nodeid
+
+    return SerialGroups(config, log)  # type: ignore[arg-type]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
