@@ -4,9 +4,11 @@ cordon + taint; ``log`` by default, manual approval by default: docs/fleet.md).
 
 A hint is proposed when a part moves to ``suspect`` or ``failed`` by evidence, and when an
 operator drains it; an ``undrain`` when an operator returns it and nothing else on its host is
-still unfit. Its idempotency key is the part and the moment of its move, so a part that
-stays unfit is hinted once, and again only after it was returned and failed anew. Actions belong
-to a job (the one whose evidence decided it: its newest reading or incident), as every action.
+still unfit. Its idempotency key is the part and the moment of its move, so a part that stays
+unfit is hinted once, and again only after it was returned and failed anew. Every unfit part's
+hint is offered again at the ledger's full judgements (the same key: no duplicate), so one
+skipped while its job was muted comes once the job is unmuted. Actions belong to a job (the one
+whose evidence decided it: its newest reading or incident), as every action.
 """
 
 from __future__ import annotations

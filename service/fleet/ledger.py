@@ -118,7 +118,10 @@ class FleetLedger:
             standing.judge(s, self.settings, touched=touched, fresh=fresh, full=full)
             s.flush()
             propose = self.propose
-            due = hints.hints_for(s, before) if propose is not None else []
+            # a full judgement offers every unfit part's hint again (idempotent by its key): one
+            # skipped while its job was muted, or lost to an error, is proposed within
+            # FULL_EVERY flushes
+            due = hints.hints_for(s, {} if full else before) if propose is not None else []
         for job, spec, event_ns in due:  # after the commit: the action's own transaction
             try:
                 propose(job, spec, event_ns)  # type: ignore[misc]

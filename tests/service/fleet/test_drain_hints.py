@@ -16,6 +16,7 @@ from failslow.harness.simulator import Fault, Layout, Scenario
 from failslow.harness.simulator.faults import FaultKind
 from failslow.service.actions.settings import ActionsSettings
 from failslow.service.app import create_app
+from failslow.service.fleet import standing
 from failslow.service.fleet.settings import FleetSettings
 from failslow.service.settings import DetectionSettings, Settings
 
@@ -65,6 +66,22 @@ def test_a_failed_host_is_hinted_once_and_drained_after_approval(tmp_path: Path)
         assert out["state"] == "failed" and out["hint"].endswith("(proposed)")
         mine = [a for a in drains(c, "hint-1") if a["target"] == "host:gpu-node-2"]
         assert len(mine) == 1 and "fan noise" in mine[0]["reason"]
+
+
+def test_a_hint_skipped_while_its_job_was_muted_comes_once_it_is_unmuted(tmp_path: Path) -> None:
+    with app(tmp_path, ActionsSettings()) as c:
+        assert c.post("/v1/jobs/mute-1/mute", json={"reason": "drill"}).status_code == 200
+        hang_job(c, "mute-1", "gpu-node-7", "gpu-node-4")
+        assert c.get("/v1/fleet/hosts/gpu-node-7").json()["state"] == "failed"
+        assert drains(c, "mute-1") == []  # muted: nothing proposed
+        assert c.post("/v1/jobs/mute-1/unmute", json={"reason": "over"}).status_code == 200
+        for _ in range(standing.FULL_EVERY):  # the next full judgement offers it again
+            assert c.post("/v1/fleet/flush").status_code == 200
+        [hint] = drains(c, "mute-1")
+        assert hint["state"] == "proposed" and hint["target"] == "host:gpu-node-7"
+        for _ in range(standing.FULL_EVERY):  # offered again: the same action, no second one
+            assert c.post("/v1/fleet/flush").status_code == 200
+        assert [a["id"] for a in drains(c, "mute-1")] == [hint["id"]]
 
 
 @pytest.fixture(scope="module")
