@@ -88,6 +88,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
     ]
     inc["actions"] = acts
     inc["audit"] = audit
+    inc["hardware"] = c.get(f"/v1/fleet/incidents/{inc['id']}")  # the parts it named
     inc["timeline"] = timeline(inc, acts, audit)
     emit("incident", inc, args.output)
     return 0

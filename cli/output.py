@@ -154,6 +154,13 @@ def _incident_text(inc: dict[str, Any]) -> str:
         f"Summary:     {inc['summary']}",
         "Evidence:",
         *(f"  {k}: {json.dumps(v)[:160]}" for k, v in sorted(inc["evidence"].items())),
+        "Hardware:" if inc.get("hardware") else "Hardware:    none marked (yet)",
+        *(
+            f"  {h['kind']} {h['part']}"
+            + (f" ({h['id_source']})" if h.get("id_source") else "")
+            + f" on {h['host']}: {h['state']} in the fleet"
+            for h in inc.get("hardware", [])
+        ),
         "Actions:" if inc.get("actions") else "Actions:     none",
         *(
             f"  {a['id']}  {a['kind']} {a['target']}  {a['state']}  {a['reason'][:80]}"

@@ -28,6 +28,7 @@ from failslow.service.errors import Conflict, NotFound
 from failslow.service.fleet import hints, standing
 from failslow.service.fleet.models import FleetMark, FleetPart, FleetReading, HostInventory
 from failslow.service.fleet.schemas import (
+    IncidentPart,
     InventoryIn,
     InventoryOut,
     MarkOut,
@@ -112,6 +113,18 @@ async def flush(ctx: CtxDep) -> dict[str, int]:
     """Have the ledger take what detection saw now (it does every ``fleet.flush_interval_s``)."""
     await run_in_threadpool(ctx.fleet.flush)
     return {"flushes": ctx.fleet.flushes}
+
+
+@router.get("/incidents/{incident}", response_model=list[IncidentPart],
+            dependencies=[ReadAuth])  # fmt: skip
+def incident_parts(incident: Annotated[str, Path(max_length=40)],
+                   session: SessionDep) -> list[dict[str, object]]:  # fmt: skip
+    """The hardware an incident named (GPU UUIDs, hosts, NICs), once the ledger has marked it
+    (within ``fleet.flush_interval_s``); empty for a job slowdown or an unmarked incident."""
+    q = (select(FleetMark, FleetPart).join(FleetPart, FleetPart.part_id == FleetMark.part_id)
+         .where(FleetMark.incident_id == incident).order_by(FleetMark.part_id))  # fmt: skip
+    return [dict(part=p.part_id, kind=p.kind, host=p.host, label=p.label, id_source=p.id_source,
+                 state=p.state, lost_s=round(m.lost_s, 3)) for m, p in session.execute(q)]
 
 
 @router.get("/{kinds}", response_model=list[PartOut], dependencies=[ReadAuth])

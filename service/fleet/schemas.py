@@ -75,6 +75,19 @@ class MarkOut(BaseModel):
     hard: bool
 
 
+class IncidentPart(BaseModel):
+    """A part an incident named, as the fleet ledger knows it."""
+
+    part: str = Field(description="Its identity: GPU UUID (or host/PCI id, host/index), host, "
+                      "host/NIC.")  # fmt: skip
+    kind: PartKind
+    host: str
+    label: str
+    id_source: IdSource | None
+    state: PartState
+    lost_s: float = Field(description="Job time the incident cost, this part's share.")
+
+
 class PartDetail(PartOut):
     readings: list[ReadingOut] = Field(description="Per job, newest first (the history).")
     marks: list[MarkOut] = Field(description="Incidents that named it, newest first.")

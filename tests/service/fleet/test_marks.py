@@ -11,6 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from failslow.agents.wire import encode_envelope
+from failslow.cli.output import emit
 from failslow.harness.simulator import Layout, Scenario
 from failslow.service.app import create_app
 from failslow.service.db import session_scope
@@ -51,7 +52,9 @@ def nic(c: TestClient, host: str) -> dict[str, object]:
     return body
 
 
-def test_a_probed_slow_link_moves_its_mark_to_the_slow_end(c: TestClient) -> None:
+def test_a_probed_slow_link_moves_its_mark_to_the_slow_end(
+    c: TestClient, capsys: pytest.CaptureFixture[str]
+) -> None:
     a, b = small_job(c, "mk-1")
     ctx = c.app.state.ctx  # type: ignore[attr-defined]
     onset = Scenario().t0_ns + 10**9  # in the job's event time: its cost grows to its now
@@ -67,6 +70,8 @@ def test_a_probed_slow_link_moves_its_mark_to_the_slow_end(c: TestClient) -> Non
     for h in (a, b):  # passive data blames both ends
         part = nic(c, h)
         assert part["incidents"] == 1 and [m["incident"] for m in part["marks"]] == ["inc_link1"]
+    named = c.get("/v1/fleet/incidents/inc_link1").json()
+    assert [(p["kind"], p["part"]) for p in named] == [("nic", f"{a}/net"), ("nic", f"{b}/net")]
     with session_scope(ctx.sessions) as s:  # what a finished probe campaign writes
         inc = s.get(Incident, "inc_link1")
         assert inc is not None
@@ -78,6 +83,12 @@ def test_a_probed_slow_link_moves_its_mark_to_the_slow_end(c: TestClient) -> Non
     assert cleared["cost_s"] == 0.0 and blamed["cost_s"] > 0, (cleared, blamed)
     [m] = blamed["marks"]
     assert m["incident"] == "inc_link1" and blamed["incidents"] == 1
+    [named] = c.get("/v1/fleet/incidents/inc_link1").json()
+    assert named["part"] == f"{b}/net" and named["lost_s"] == m["lost_s"]
+    # what `failslow describe incident` prints of it
+    inc = {**c.get("/v1/incidents/inc_link1").json(), "hardware": [named]}
+    emit("incident", inc, "table")
+    assert f"  nic {b}/net on {b}: healthy in the fleet" in capsys.readouterr().out
 
 
 def test_failed_link_qualifications_mark_the_nic_and_make_it_suspect(c: TestClient) -> None:
