@@ -163,8 +163,8 @@ class Shards:
         self.asked, self.kept, self.last, self.blobs = False, None, [], None
         self.restarts += 1
         self.start()
-        if self._limits is not None:
-            self.limits(self._limits)
+        if self._limits is not None:  # not through _again: a shard dying again fails the call
+            self._send_limits()
 
     def _again(self, action: Callable[[], T]) -> T:
         """``action``, and once more on new shard processes if a shard failed during it."""
@@ -241,17 +241,26 @@ class Shards:
         """Tell every shard of comms and slots added since the last time."""
         if topology.n_comms == self.sent_comms and topology.n_slots == self.sent_slots:
             return
-        self.start()
-        delta = delta_of(topology, self.sent_comms)
-        for conn in self.conns:
-            self._send(conn, Msg.TABLE, delta)
-        self.sent_comms, self.sent_slots = topology.n_comms, topology.n_slots
+
+        def send() -> None:  # again after a restart: from the first comm (sent_comms is 0)
+            self.start()
+            delta = delta_of(topology, self.sent_comms)
+            for conn in self.conns:
+                self._send(conn, Msg.TABLE, delta)
+            self.sent_comms, self.sent_slots = topology.n_comms, topology.n_slots
+
+        self._again(send)
 
     def limits(self, limits: Limits) -> None:
+        """New bounds to every shard (the job grew). A shard found dead here is restarted like
+        anywhere else: this is called while applying an envelope, which must not fail for it."""
         self._limits = limits
+        self._again(self._send_limits)
+
+    def _send_limits(self) -> None:
         self.start()
         for conn in self.conns:
-            self._send(conn, Msg.LIMITS, limits)
+            self._send(conn, Msg.LIMITS, self._limits)
 
     def stage(self, members: dict[str, np.ndarray], topology: Topology) -> None:
         """Member records to the shard of their comm, numbered in the job's arrival order."""

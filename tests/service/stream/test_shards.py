@@ -219,6 +219,33 @@ def test_a_shard_that_died_is_started_again_and_the_job_goes_on(
         raise ShardFailed("kept importable")
 
 
+@pytest.mark.parametrize("call", ["limits", "sync"])
+def test_a_shard_found_dead_by_new_limits_or_comms_is_started_again(call: str) -> None:
+    """The job grows while a shard is dead: new bounds (or new comms) for the shards restart
+    them, as every other request to them does (CI: an ingest answered 500 with ShardFailed from
+    ``limits``, called while the envelope was applied)."""
+    job, hosts = _job()
+    traffic = _traffic(job, hosts, np.random.default_rng(1))
+    state = _sharded(hosts, True)
+    try:
+        v2apply.apply_v2_many(state, traffic[:20])
+        assert state.shards is not None
+        old = state.shards.procs[0]
+        os.kill(old.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        old.join(5)
+        if call == "limits":
+            state.shards.limits(state.limits)
+        else:
+            state.shards.sent_comms -= 1  # one comm not sent yet
+            state.shards.sync(state.topology)
+        assert state.shards.restarts == 1 and old not in state.shards.procs
+        assert all(p.is_alive() for p in state.shards.procs)
+        answers = v2apply.apply_v2_many(state, traffic[20:])
+        assert sum(a.accepted for a in answers if isinstance(a, ApplyResult)) > 1000
+    finally:
+        state.close()
+
+
 def test_small_jobs_stay_in_one_process() -> None:
     job, hosts = _job()
     state = _state(hosts, True)
