@@ -24,9 +24,13 @@ demo: $(STAMP)
 serve: $(STAMP)
 	$(VENV)/bin/failslow serve
 
+# Every test: in TEST_WORKERS processes, then the `solo` ones alone (both run; either failing fails).
 test: $(STAMP) torch
 	@sh scripts/test-servers.sh
-	$(PY) -m pytest -q -rs --durations=15 -n $(TEST_WORKERS)
+	@rc=0; \
+	$(PY) -m pytest -q -rs --durations=15 -n $(TEST_WORKERS) -m "not solo" || rc=1; \
+	$(PY) -m pytest -q -rs -m solo || rc=1; \
+	exit $$rc
 
 # The chaos tests three times in a row (issue 17's and issue 31's acceptance; docs/hardening.md):
 # service, database and disk (needs root for tmpfs, and Debian's postgresql, as make test does),

@@ -23,13 +23,11 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # Tests that share one machine-wide resource run in one pytest-xdist worker, one after another
 # (make test runs the rest in parallel): the fault lab's network namespaces, bridges, tc and
-# cgroups; and the tests that keep every core busy against deadlines of their own (PyTorch's
-# suite, the chaos runs), which failed when they ran beside each other on 2 cores.
+# cgroups; and PyTorch's suite, which keeps every core busy. (Tests whose timing assumes an idle
+# machine are marked ``solo``: make test runs them alone, after the others.)
 SERIAL_GROUPS = {
     "tests/harness/lab/": "heavy",
     "tests/compat/": "heavy",
-    "tests/e2e/test_chaos.py": "heavy",
-    "tests/e2e/test_chaos_shards.py": "heavy",
 }
 
 

@@ -17,7 +17,13 @@ from failslow.agents.wire import encode_envelope
 from failslow.cli import main
 from failslow.harness.simulator.layout import Layout
 from failslow.harness.simulator.scenario import Scenario, parse_fault
-from failslow.service.settings import ActionsSettings, AuthSettings, DetectionSettings, Settings
+from failslow.service.settings import (
+    ActionsSettings,
+    AuthSettings,
+    DetectionSettings,
+    Settings,
+    StateSettings,
+)
 from tests.live import live_service, wait_for
 
 OPERATOR, READER, INGEST = "op-secret", "read-secret", "ingest-secret"
@@ -70,6 +76,9 @@ def service(tmp_path: Path) -> Any:
             costs_s={"notify": 0, "rebalance": 0.5, "replan": 30, "isolate": 0, "restart": 1},
         ),
         detection=DetectionSettings(interval_s=0.05, close_stale_after_s=0),
+        # the jobs are fed first, then the CLI works on them for a minute or more on a busy
+        # machine: their telemetry must not turn stale meanwhile (nothing acts on stale data)
+        state=StateSettings(stale_after_s=900),
     )
     with live_service(settings) as url:
         yield url

@@ -26,7 +26,7 @@ from tests.e2e.procs import agent_stats, env_for, spawn_agent, start_service, st
 from tests.infra.disk import fill, small_tmpfs
 from tests.live import free_port, wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.solo]
 JOB = "chaos-job"
 SECONDS = 24  # the stand-in training job's run
 

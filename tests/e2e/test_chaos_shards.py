@@ -28,7 +28,7 @@ import pytest
 from tests.e2e.procs import CLI, env_for, start_service, stop
 from tests.live import free_port, wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.solo]
 TIMEOUT_S = 2.0
 BOUND_S = TIMEOUT_S + 2.0
 
