@@ -170,6 +170,7 @@ def _open_gpu_or_link(db_url: str, *, ambiguous: bool) -> str:
         return inc.id
 
 
+@pytest.mark.solo  # [None]: healthy loopback pairs must measure alike (a loaded machine: 4x)
 @pytest.mark.parametrize("slow", ["h2", None])
 def test_probes_decide_a_slow_gpu_that_may_be_its_hosts_link(
     service: str, db_url: str, slow: str | None
