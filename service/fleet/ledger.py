@@ -242,8 +242,7 @@ class FleetLedger:
         """Qualification runs that found a host's link slow: a mark on its network part, like a
         slow-link incident's (it costs no job time: the host took no job)."""
         for q in slow:
-            inv = s.get(HostInventory, q.host)
-            part = nic_part(q.host, inv.nics if inv is not None else None)
+            part = self._nic_of(s, q.host)
             if s.get(FleetMark, (q.run, part.part_id)) is not None:
                 continue
             row = ensure_part(s, part, q.at_ns)
@@ -264,12 +263,12 @@ class FleetLedger:
         if kind in (IncidentKind.SLOW_NODE, IncidentKind.HANG):
             return [host_part(h) for h in hosts]
         if kind == IncidentKind.SLOW_LINK:
-            parts = []
-            for h in hosts:
-                inv = s.get(HostInventory, h)
-                parts.append(nic_part(h, inv.nics if inv is not None else None))
-            return parts
+            return [self._nic_of(s, h) for h in hosts]
         return []
+
+    def _nic_of(self, s: Session, host: str) -> Part:
+        inv = s.get(HostInventory, host)
+        return nic_part(host, inv.nics if inv is not None else None)
 
     def _gpu_of(self, s: Session, job: str, rank: int) -> Part | None:
         row = s.get(Rank, (job, rank))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from failslow.detectors.fleet import FleetModel
+from failslow.service.fleet.qualify import Norms
 
 
 class FleetSettings(BaseModel):
@@ -60,12 +61,12 @@ class FleetSettings(BaseModel):
         description="Per-job readings kept per part; older ones are pooled into one archive.",
     )  # fmt: skip
     qualify_link_ratio: float = Field(
-        default=0.5, gt=0, lt=1,
+        default=Norms.link_ratio, gt=0, lt=1,
         description="Qualification: a host whose best link is below this x the fleet norm is "
         "no-go.",
     )  # fmt: skip
     qualify_compute_ratio: float = Field(
-        default=1.25, gt=1,
+        default=Norms.compute_ratio, gt=1,
         description="Qualification: a host whose compute check takes above this x the fleet norm "
         "is no-go.",
     )  # fmt: skip

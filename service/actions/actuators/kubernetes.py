@@ -28,6 +28,13 @@ def taint_value(request: ActionRequest) -> str:
     return safe[:63].strip("._-") or "unfit"
 
 
+def others(spec: Any) -> list[dict[str, str]]:
+    """A node spec's taints other than failslow's, as a patch writes them."""
+    current = (spec.taints if spec is not None else None) or []
+    return [{"key": t.key, "value": t.value, "effect": t.effect} for t in current
+            if t.key != TAINT]  # fmt: skip
+
+
 class KubernetesActuator:
     name = "kubernetes"
 
@@ -87,9 +94,7 @@ class KubernetesActuator:
                 if request.dry_run:
                     return {"cordon": node, "taint": taint, "ran": False}
                 spec = self.core.read_node(node).spec
-                current = (spec.taints if spec is not None else None) or []
-                kept = [{"key": t.key, "value": t.value, "effect": t.effect} for t in current
-                        if t.key != TAINT]  # fmt: skip
+                kept = others(spec)
                 self.core.patch_node(node, {"spec": {"unschedulable": True,
                                                      "taints": [*kept, taint]}})  # fmt: skip
                 return {"cordoned": node, "tainted": taint, "ran": True}
@@ -116,8 +121,7 @@ class KubernetesActuator:
                 raise ActuatorError(f"{node} was cordoned by someone else (no {TAINT} taint): "
                                     "left cordoned")  # fmt: skip
             return {"ran": False, "note": f"{node} is not cordoned"}
-        kept = [{"key": t.key, "value": t.value, "effect": t.effect} for t in current
-                if t.key != TAINT]  # fmt: skip
+        kept = others(spec)
         if request.dry_run:
             return {"uncordon": node, "untaint": TAINT, "ran": False}
         self.core.patch_node(node, {"spec": {"unschedulable": False, "taints": kept}})
