@@ -98,6 +98,7 @@ def test_compute_check_reports_its_fastest_round(monkeypatch: pytest.MonkeyPatch
     assert compute_check(10) == pytest.approx(5.0)  # 0.5 s per multiply x 10
 
 
+@pytest.mark.solo  # four agents' checks on one machine's loopback against an 8 s deadline
 def test_a_run_through_the_service_with_real_workers(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
