@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -18,15 +19,27 @@ FOLDERS = ("cli", "service", "agents", "relay", "detectors", "harness", "migrati
 TOP_LEVEL = ("cli", "service", "agents", "detectors", "harness", "migrations", "wire")
 
 
+# what a build writes into its source tree, and what is no source
+NOT_SOURCE = shutil.ignore_patterns(
+    ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis", "var"
+)
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(ROOT)],
-        check=True,
+    """Built from a copy of the tree: setuptools writes ``build/`` and ``*.egg-info`` into the
+    tree it builds, and xdist may run this fixture in two workers at once (one per test of the
+    module), whose builds in one tree collided (CI, a222de1)."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    src, out = tmp / "src", tmp / "out"
+    shutil.copytree(ROOT, src, ignore=NOT_SOURCE)
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(src)],
         capture_output=True,
+        text=True,
         timeout=600,
     )
+    assert r.returncode == 0, r.stderr[-4000:]
     (found,) = out.glob("failslow-*.whl")
     return found
 
