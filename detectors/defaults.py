@@ -49,9 +49,20 @@ class Defaults:
     baseline_block: int = 10  # frames per baseline block
     history: int = 64  # frames of per-rank history kept for dating and reports
     update_every: int = 5  # frames between reports on open conditions
-    # shortest time a collective may block before it is hung (besides 3 step times): 2 s named
-    # the hangs of a 0.35 s-step job after ~6 steps (issue 32)
+    # Shortest time a collective may block, and a rank complete nothing, before it is hung. Not
+    # below the agents' in-flight report delay (ours and the simulator's report an op in flight
+    # after 1 s): a rank waiting inside an op not yet reported looks quiet, and a 10x straggler
+    # then had its next pipeline stage blamed. 2 s named a 0.35 s-step job's hangs after ~6
+    # steps, 1 s after 3.5-4.6 (issue 32).
     hang_floor_s: float = 1.0
+    # A collective blocked for 3 step times is hung (a straggler of up to ~4x keeps its peers
+    # waiting less). One blocked for ``hang_suspect_steps`` step times is hung when the ranks it
+    # waits for have completed nothing for ``hang_quiet_factor`` times their own longest recent
+    # gap between two completed calls (a straggler f times slower stretches its gaps f times;
+    # the simulator's noise spikes stretch one segment up to 5x): a tensor-parallel rank
+    # completes a call every few milliseconds, its hang is named after about a step.
+    hang_suspect_steps: float = 1.0
+    hang_quiet_factor: float = 6.0
     hang_startup_s: float = 60.0  # how long a communicator's first collective may block
     dead_after_s: float = 5.0  # event time without envelopes after which a host is dead
     # Severity from the measured impact (the job's step time against its baseline): below

@@ -23,6 +23,14 @@ several times slower than its peers keeps them waiting for seconds, but it still
 own collectives in between, which a stopped or stuck rank does not. When every rank reached that
 way is still progressing, there is no hang (the peer detectors report the straggler).
 
+A collective blocked for only ``suspect_steps`` step times (not the full three) is hung when the
+ranks it waits for have completed nothing for ``quiet_factor`` times their own longest recent gap
+between two completed calls (``HangSnapshot.rank_gap_s``; within the floor and the full timeout):
+a straggler f times slower stretches its gaps f times and keeps completing calls, a stopped rank
+completes none. A tensor-parallel rank's gaps are milliseconds, so its hang is named after about
+a step; a data-parallel rank of a compute-bound job with one all-reduce per step has gaps of a
+step, and the full timeout decides. Ranks whose gaps are unknown wait for the full timeout.
+
 The clock of a member still inside a collective that its peers completed starts at their
 completion, not at its entry: until then its own end record may merely lag behind theirs.
 
@@ -61,6 +69,8 @@ class HangSnapshot:
     step_time_s: float  # usual step time (NaN if unknown)
     # per rank: end of its newest completed collective or step (event time); absent: none known
     rank_last_end: Mapping[int, int] = field(default_factory=dict)
+    # per rank: its longest recent gap between two completed calls (s); absent: too few seen
+    rank_gap_s: Mapping[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +93,11 @@ class HangDetector:
         stall_factor: float = 10.0,
         stall_floor_s: float = 10.0,
         startup_s: float = DEFAULTS.hang_startup_s,
+        quiet_factor: float = DEFAULTS.hang_quiet_factor,
+        suspect_steps: float = DEFAULTS.hang_suspect_steps,
     ) -> None:
+        self.quiet_factor = quiet_factor
+        self.suspect_steps = suspect_steps
         self.startup_s = startup_s
         self.timeout_factor = timeout_factor
         self.floor_s = floor_s
@@ -91,21 +105,34 @@ class HangDetector:
         self.stall_factor = stall_factor
         self.stall_floor_s = stall_floor_s
 
-    def timeout_s(self, typical_s: float, step_time_s: float = float("nan")) -> float:
+    def timeout_s(
+        self, typical_s: float, step_time_s: float = float("nan"), steps: float = 3.0
+    ) -> float:
         """How long a collective may take: a multiple of its usual transfer time, at least
-        three step times, at least the floor (``startup_s`` for a communicator's first). A
+        ``steps`` step times, at least the floor (``startup_s`` for a communicator's first). A
         member that suddenly computes f times slower keeps its peers waiting about (f - 1)
         step times before the step time itself shows it, so three step times tell a straggler
-        of up to ~4x from a hang."""
+        of up to ~4x from a hang without looking at the member itself; ``suspect_steps`` do
+        when the member's own quiet gaps are known (:meth:`rank_timeout_s`)."""
         floor = self.floor_s
         if step_time_s == step_time_s:
-            floor = max(floor, 3.0 * step_time_s)
+            floor = max(floor, steps * step_time_s)
         if typical_s != typical_s:
             # NaN: this communicator never completed a collective. Its first one waits for the
             # last member to start (importing, loading a checkpoint) and sets up connections
             # (gloo and NCCL connect lazily): not a hang before ``startup_s``
             return max(floor, self.startup_s)
         return max(floor, self.timeout_factor * typical_s)
+
+    def rank_timeout_s(self, gap_s: float, full_s: float) -> float:
+        """How long a rank may complete nothing: ``quiet_factor`` times its longest recent gap
+        between two completed calls (a straggler f times slower stretches its gaps f times,
+        and still completes calls in between), at most the full timeout; at least the floor
+        after its longest gap: a rank that computed for up to that gap, then entered an op it
+        still waits in, is reported inside it only after the agents' in-flight delay (the
+        floor). A 10x straggler otherwise had the ranks waiting for it in a data-parallel
+        all-reduce, not yet reported, blamed."""
+        return max(self.floor_s + gap_s, min(full_s, self.quiet_factor * gap_s))
 
     def analyse(self, snap: HangSnapshot) -> HangFinding | None:
         now = snap.now_ns
@@ -114,7 +141,9 @@ class HangDetector:
         )
         dead = set(dead_hosts)
         live: list[tuple[BlockedCollective, float]] = []  # someone is still inside
-        hung: list[tuple[BlockedCollective, float]] = []
+        hung: list[tuple[BlockedCollective, float]] = []  # past the full timeout ...
+        suspect: list[tuple[BlockedCollective, float]] = []  # ... past the suspect one
+        cuts: dict[int, float] = {}  # id of a collective -> its suspect timeout
         for b in snap.blocked:
             starts = [s for s in b.started if s is not None]
             if not starts:
@@ -129,8 +158,15 @@ class HangDetector:
             if b.progress_ns > min(starts) + timeout * 1e9:
                 continue  # a member finished later steps: records went missing, nobody is stuck
             live.append((b, timeout))
-            if (now - _waiting_since(b)) / 1e9 > timeout:
+            waited = (now - _waiting_since(b)) / 1e9
+            cut = self.timeout_s(b.typical_s, snap.step_time_s, self.suspect_steps)
+            cuts[id(b)] = cut
+            if waited > timeout:
                 hung.append((b, timeout))
+            elif waited > cut:
+                suspect.append((b, timeout))  # decided by its missing members' own quiet
+        full = {id(b) for b, _ in hung}
+        hung += suspect
         if not hung:
             return self._stalled(snap, dead_hosts)
         # Where each rank waits: collectives it is inside that none of its peers completed. A
@@ -148,19 +184,22 @@ class HangDetector:
                 else:
                     waits_in.setdefault(rank, []).append(b)
         # Follow the wait-for edges from the hung collectives to the ranks that wait nowhere.
-        todo: list[tuple[int, float]] = []
+        # A collective past only the suspect timeout blames nobody by itself: its missing
+        # members are roots when they have been quiet for longer than their own gaps allow.
+        todo: list[tuple[int, float, bool]] = []  # (rank, timeout, reached from a full one)
         stuck_inside: set[int] = set()
         dead_ranks: set[int] = set()
         waiting = 0
         for b, timeout in hung:
             done = any(e is not None for e in b.ended)
+            sure = id(b) in full
             for rank, s, e in zip(b.members, b.started, b.ended, strict=True):
                 if s is None:
-                    todo.append((rank, timeout))
+                    todo.append((rank, timeout, sure))
                 elif e is None:
                     if snap.host_of_rank.get(rank) in dead:
                         dead_ranks.add(rank)
-                    elif done:
+                    elif done and sure:
                         stuck_inside.add(rank)
                     else:
                         waiting += 1
@@ -171,42 +210,58 @@ class HangDetector:
         for rank in sorted(stuck_inside):
             if rank in waits_in:
                 stuck_inside.discard(rank)
-                todo.append((rank, max(t for _, t in hung)))
+                todo.append((rank, max(t for _, t in hung), True))
         missing: dict[int, float] = {}  # root -> the timeout it was held to
         progressing: dict[int, float] = {}
-        seen: set[int] = set()
+        undecided: set[int] = set()  # quiet gaps unknown, reached from suspect collectives only
+        by_gap: set[int] = set()  # ranks judged by their own quiet gaps
+        seen: dict[int, bool] = {}  # rank -> reached from a full one
+        todo.sort(key=lambda t: t[2])  # popped from the end: the full ones' first
         while todo:
-            rank, timeout = todo.pop()
-            if rank in seen:
+            rank, timeout, sure = todo.pop()
+            if rank in seen and (seen[rank] or not sure):
                 continue
-            seen.add(rank)
+            seen[rank] = sure
+            progressing.pop(rank, None)
+            undecided.discard(rank)
             if snap.host_of_rank.get(rank) in dead:
                 dead_ranks.add(rank)
                 continue
             if rank in waits_in:  # it waits for others itself: follow them, do not blame it
                 for b in waits_in[rank]:
                     todo.extend(
-                        (r, timeout) for r, s in zip(b.members, b.started, strict=True) if s is None
+                        (r, timeout, sure)
+                        for r, s in zip(b.members, b.started, strict=True)
+                        if s is None
                     )
                 continue
             # Quiet for how long, as far as its host has told us: a host whose envelopes lag
             # (a busy agent) has not yet said what the rank did since, so it is not blamed yet.
             heard = snap.host_last_ns.get(snap.host_of_rank.get(rank, ""), now)
             quiet_s = (min(now, heard) - last_end.get(rank, 0)) / 1e9
-            if quiet_s > timeout:
-                missing[rank] = timeout
+            gap = snap.rank_gap_s.get(rank, float("nan"))
+            if gap == gap:
+                limit = self.rank_timeout_s(gap, timeout)
+                by_gap.add(rank)
+            elif sure:
+                limit = timeout
+            else:
+                undecided.add(rank)
+                continue
+            if quiet_s > limit:
+                missing[rank] = limit
             else:  # it completed work within the timeout: slow, not hung
                 progressing[rank] = round(quiet_s, 3)
         roots = set(missing) | stuck_inside | dead_ranks
         how = "missing from blocked collectives and not waiting in any"
         if not roots:
-            if progressing:
+            if progressing or undecided or not full:
                 # Everyone the blocked ranks wait for still completes collectives or steps: a
                 # straggler holds them up (the peer detectors report it), nobody is stuck.
                 return None
             # everyone waits on someone: a cycle (mismatched collectives)
             oldest = min(
-                (b for b, _ in hung),
+                (b for b, _ in hung if id(b) in full),
                 key=lambda b: min(s for s in b.started if s is not None),
             )
             roots = {
@@ -217,8 +272,14 @@ class HangDetector:
         onset = min(min(s for s in b.started if s is not None) for b, _ in hung)
         # When could this have been decided? When a collective crossed its timeout, but not
         # before the service had heard of it, nor before its roots had been quiet that long.
+        # The suspect timeout sufficed where only ranks judged by their own gaps are blamed.
+        gaps_decide = bool(missing) and not (stuck_inside or dead_ranks) and by_gap >= set(missing)
+        crossed = {
+            id(b): cuts[id(b)] if gaps_decide or id(b) not in full else timeout
+            for b, timeout in hung
+        }
         detected = min(
-            max(_waiting_since(b) + int(timeout * 1e9), b.seen_ns) for b, timeout in hung
+            max(_waiting_since(b) + int(crossed[id(b)] * 1e9), b.seen_ns) for b, _ in hung
         )
         if missing and not (stuck_inside or dead_ranks):
             quiet_enough = min(last_end.get(r, 0) + int(t * 1e9) for r, t in missing.items())
@@ -251,7 +312,7 @@ class HangDetector:
                     "missing": [r for r, s in zip(b.members, b.started, strict=True) if s is None][
                         :16
                     ],
-                    "timeout_s": round(timeout, 3),
+                    "timeout_s": round(crossed[id(b)], 3),
                 }
                 for b, timeout in sorted(hung, key=lambda x: (x[0].comm, x[0].seq))[:20]
             ],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from failslow.detectors.pipeline import Finding, JobPipeline
 from failslow.harness.simulator import Scenario
@@ -18,6 +19,7 @@ class Run:
     frames: int
     state: JobState
     pipeline: JobPipeline
+    labels: dict[str, Any]  # the scenario's ground truth (fault onsets in event time)
 
     def opened(self, kind: str | None = "slow_gpu") -> list[tuple[int, Finding]]:
         return [
@@ -75,11 +77,12 @@ def run(
         for f in pipe.check_hang(snap, slot_of):
             findings.append((topo.slot_rank[f.slots[0]] if f.slots else -1, f))
 
-    for env in scenario.envelopes():
+    sim = scenario.simulation()
+    for env in scenario.envelopes(sim):
         if strip_steps:
             env["steps"] = []
         result = state.apply(parse_envelope(env))
         assert not result.rejected, result.rejected[:3]
         drain()
     drain(flush=True)
-    return Run(findings, frames, state, pipe)
+    return Run(findings, frames, state, pipe, scenario.labels(sim))

@@ -32,6 +32,7 @@ from failslow.service.stream.members import (
     sort_key,
     take,
 )
+from failslow.service.stream.quiet import QuietGaps
 from failslow.wire.v2 import NO_END, OPS
 
 __all__ = ["COLUMNS", "DTYPES", "MAX_BLOCKED", "Joiner", "PendingGroup", "ReadyBatch"]
@@ -102,6 +103,7 @@ class Joiner:
         self.conflicts = 0  # member records that contradicted an earlier one (dropped)
         self.duplicates = 0  # member records identical to an earlier one (dropped)
         self.last_end = np.zeros(0, np.int64)  # per slot: end of its newest completed call
+        self.quiet = QuietGaps()  # per slot: its longest recent gap between completed calls
         self.n_slots = 0  # slots the job had at the newest staging
         self.arrivals = 0  # member records staged so far
 
@@ -231,6 +233,7 @@ class Joiner:
             self.last_end = grown
         done = end != NO_END
         np.maximum.at(self.last_end, slot[done], end[done])
+        self.quiet.note(slot, end, self.n_slots)
 
     def _winners(
         self, cell: np.ndarray, rec: np.ndarray, cols: dict[str, np.ndarray], cells: int

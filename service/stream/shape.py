@@ -134,11 +134,14 @@ def hang_snapshot(
 ) -> HangSnapshot:
     """What the hang detector sees of a job now (under the job lock): the blocked collectives,
     where every rank lives, when each host last reported, and when each member of a blocked
-    collective last completed something (a collective or a step)."""
+    collective last completed something (a collective or a step) and its longest recent gap
+    between two completed calls."""
     topo = state.topology
     newest_step = state.frames.newest_end
     last_call = state.joiner.last_end
     last_end: dict[int, int] = {}
+    gaps: dict[int, float] = {}
+    quiet = state.joiner.quiet
     for b in blocked:
         for r in b.members:
             if r in last_end:
@@ -152,6 +155,10 @@ def hang_snapshot(
                 if step_end != NEVER:
                     end = max(end, step_end)
             last_end[r] = end
+            if info is not None:
+                gap = quiet.longest_s(info.slot)
+                if gap == gap:
+                    gaps[r] = gap
     return HangSnapshot(
         now_ns=state.watermark_ns,
         blocked=tuple(blocked),
@@ -160,4 +167,5 @@ def hang_snapshot(
         last_progress_ns=state.frames.last_progress_ns,
         step_time_s=step_time_s,
         rank_last_end=last_end,
+        rank_gap_s=gaps,
     )

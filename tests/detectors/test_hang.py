@@ -141,3 +141,47 @@ def test_late_records_of_a_completed_collective_are_not_a_hang() -> None:
         {0: NOW - 20 * S + 5, 1: NOW - 20 * S + 5},
     )
     assert HangDetector().analyse(snap(a)) is None
+
+
+def gaps_snap(
+    a: BlockedCollective, last_end: dict[int, int], gaps: dict[int, float]
+) -> HangSnapshot:
+    """1 s steps: the full timeout is 3 s, the suspect one 1 s."""
+    hosts = {r: f"h{r // 4}" for r in range(16)}
+    return HangSnapshot(
+        NOW, (a,), hosts, {f"h{i}": NOW for i in range(4)}, NOW - 5 * S, 1.0, last_end, gaps
+    )
+
+
+def test_a_rank_quiet_for_far_longer_than_its_own_gaps_is_hung_within_two_steps() -> None:
+    """Issue 32: 0 has waited 1.5 s (1.5 steps, under the 3-step timeout) in tp for 1, which
+    completes a call every 20 ms at most and has completed nothing for 1.7 s."""
+    a = blocked("tp", (0, 1), {0: NOW - 15 * S // 10})
+    f = HangDetector().analyse(gaps_snap(a, {1: NOW - 17 * S // 10}, {1: 0.02}))
+    assert f is not None and f.roots == (1,)
+    # decided when tp had waited the suspect timeout (a step) and 1 been quiet the 1 s floor
+    assert f.detected_ns == NOW - S // 2
+    assert f.evidence["blocked"][0]["timeout_s"] == 1.0  # type: ignore[index]
+
+
+def test_a_straggler_whose_gaps_stretch_less_than_the_factor_is_not_hung() -> None:
+    """1 is 3x slow: its longest gap between calls was 0.5 s, now 1.5 s; 0 waits 2 s."""
+    a = blocked("tp", (0, 1), {0: NOW - 2 * S})
+    assert HangDetector().analyse(gaps_snap(a, {1: NOW - 15 * S // 10}, {1: 0.5})) is None
+    # ... and a rank whose gaps are unknown is judged by the full timeout (3 steps) alone
+    assert HangDetector().analyse(gaps_snap(a, {1: NOW - 5 * S}, {})) is None
+    late = blocked("tp", (0, 1), {0: NOW - 31 * S // 10})
+    f = HangDetector().analyse(gaps_snap(late, {1: NOW - 5 * S}, {}))
+    assert f is not None and f.roots == (1,)
+
+
+def test_the_quiet_limit_stays_within_the_floor_and_the_full_timeout() -> None:
+    """1's gaps are long (2 s: a compute-bound rank): the full timeout (3 steps) decides; a
+    rank with tiny gaps is still given the floor (an op it waits in may not be reported yet)."""
+    a = blocked("dp", (0, 1), {0: NOW - 31 * S // 10})
+    f = HangDetector().analyse(gaps_snap(a, {1: NOW - 31 * S // 10}, {1: 2.0}))
+    assert f is not None and f.roots == (1,)
+    b = blocked("dp", (0, 1), {0: NOW - 2 * S})  # past the suspect timeout only
+    assert HangDetector().analyse(gaps_snap(b, {1: NOW - 2 * S}, {1: 2.0})) is None
+    c = blocked("tp", (0, 1), {0: NOW - 15 * S // 10})
+    assert HangDetector().analyse(gaps_snap(c, {1: NOW - 9 * S // 10}, {1: 0.001})) is None

@@ -1,0 +1,45 @@
+"""Issue 32: a stopped rank is named a hang within two steps when its own quiet gaps say so,
+and a 3x straggler, whose gaps stretch but who keeps completing calls, is not a hang.
+
+Steps of ~1.3 s (the simulator's workload x4) and agents flushing every 0.5 s: the agents report
+an op in flight 1 s after it began, so on sub-second steps no hang can be named within two."""
+
+from __future__ import annotations
+
+import pytest
+
+from failslow.harness.simulator import Fault, Layout, Scenario
+from failslow.harness.simulator.model import Workload
+from tests.simrun import run
+
+LONG = Workload(fwd_s=0.048, bwd_s=0.096, optimizer_s=0.08)
+L16 = Layout(tp=2, pp=2, dp=4, gpus_per_host=4)
+ONSET = 30
+
+
+def scenario(fault: Fault, steps: int) -> Scenario:
+    return Scenario(
+        job="hang-quiet", layout=L16, steps=steps, workload=LONG, faults=(fault,), seed=3,
+        batch_s=0.5, hang_tail_s=10.0,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("rank", [5, 10])
+def test_a_stopped_rank_is_named_within_two_steps(rank: int) -> None:
+    r = run(scenario(Fault("hang", ONSET, ranks=(rank,)), ONSET + 15))
+    hangs = r.opened("hang")
+    assert hangs, r.findings
+    f = hangs[0][1]
+    assert [r.state.topology.slot_rank[s] for s in f.slots] == [rank]
+    onset = r.labels["faults"][0]["onset_ns"]
+    step_s = (onset - r.labels["t0_ns"]) / 1e9 / ONSET
+    delay_steps = (f.detected_ns - onset) / 1e9 / step_s
+    assert delay_steps <= 2.0, delay_steps
+    # ... where three step times (the rule alone before) would have taken longer
+    assert f.evidence["blocked"][0]["timeout_s"] < 3 * step_s
+
+
+def test_a_3x_straggler_is_no_hang() -> None:
+    r = run(scenario(Fault("slow_gpu", ONSET, factor=3.0, ranks=(10,)), ONSET + 12))
+    assert not r.opened("hang"), r.opened("hang")
+    assert [rank for rank, _ in r.opened("slow_gpu")] == [10]

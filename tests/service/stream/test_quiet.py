@@ -1,0 +1,38 @@
+"""Per-rank quiet gaps: the longest recent gap between two completed calls."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from failslow.service.stream.quiet import QuietGaps
+from failslow.wire.v2 import NO_END
+
+MS = 1_000_000
+
+
+def ends(*pairs: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    slot, end = zip(*pairs, strict=True)
+    return np.array(slot, np.int64), np.array(end, np.int64)
+
+
+def test_longest_gap_per_slot_across_batches_in_end_order() -> None:
+    q = QuietGaps(min_gaps=2)
+    # slot 0: ends at 10, 30, 35 (arriving out of order) -> gaps 20, 5; slot 1: 10, 12 -> 2
+    q.note(*ends((0, 35 * MS), (1, 10 * MS), (0, 10 * MS), (0, 30 * MS), (1, 12 * MS)), 2)
+    assert q.longest_s(0) == 0.020
+    assert q.longest_s(1) != q.longest_s(1)  # one gap: too few to say
+    q.note(*ends((1, 60 * MS), (1, NO_END)), 2)  # a gap of 48 ms across batches; NO_END ignored
+    assert q.longest_s(1) == 0.048
+    q.note(*ends((0, 20 * MS)), 2)  # older than the newest: no gap, nothing shortened
+    assert q.longest_s(0) == 0.020 and q.last[0] == 35 * MS
+
+
+def test_gaps_age_out_after_two_windows() -> None:
+    q = QuietGaps(window_ns=1000 * MS, min_gaps=1)
+    q.note(*ends((0, 100 * MS), (0, 600 * MS)), 1)  # 500 ms gap in the first window
+    q.note(*ends((0, 1100 * MS), (0, 1110 * MS)), 1)  # next window: still counted
+    assert q.longest_s(0) == 0.5
+    q.note(*ends((0, 2100 * MS), (0, 2120 * MS)), 1)  # third window: the 500 ms gap is gone
+    assert q.longest_s(0) == 0.99  # 1110 -> 2100 ms, seen in this window
+    q.note(*ends((0, 5000 * MS), (0, 5010 * MS)), 1)  # windows passed with nothing
+    assert q.longest_s(0) == 2.88
