@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 from bench.eval import concurrent, patterns
 from failslow.harness.simulator import Fault, Layout, Scenario
-from failslow.harness.simulator.model import Noise
+from failslow.harness.simulator.model import Noise, Workload
 
 L16 = Layout(
     tp=2, pp=2, dp=4, gpus_per_host=4
@@ -23,6 +23,10 @@ NOISY = Noise(
 )
 
 ONSET = 60
+# Steps of ~1.3-1.7 s (the default workload's compute x4) with agents flushing every 0.5 s (the
+# SDK's default): a hang is named from the agents' in-flight reports, sent 1 s after an op
+# began, so on the default ~0.4 s steps no hang can be named within 2 steps; on these it can.
+LONG_STEPS = Workload(fwd_s=0.048, bwd_s=0.096, optimizer_s=0.08)
 STEPS = 150
 # families of cases without a fault: every incident there is false
 HEALTHY_FAMILIES = frozenset({"healthy", "noisy-healthy"}) | patterns.HEALTHY_PATTERNS
@@ -59,6 +63,8 @@ def cases(*, quick: bool = False, seeds: int = 2, long_steps: int = 2000) -> lis
         noise: Noise = NOISE,
         seed: int = 0,
         tail: float = 20.0,
+        workload: Workload | None = None,
+        batch_s: float = 1.0,
     ) -> None:
         job = f"{name}-s{seed}".replace(".", "p")
         sc = Scenario(
@@ -69,6 +75,8 @@ def cases(*, quick: bool = False, seeds: int = 2, long_steps: int = 2000) -> lis
             faults=faults,
             seed=seed,
             hang_tail_s=tail,
+            workload=workload or Workload(),
+            batch_s=batch_s,
         )
         out.append(Case(job, family, sc, factor))
 
@@ -191,6 +199,19 @@ def cases(*, quick: bool = False, seeds: int = 2, long_steps: int = 2000) -> lis
             )
     patterns.cases(add, quick=quick, seeds=seeds, long_steps=long_steps, rng=random.Random(2027))
     concurrent.cases(add, quick=quick, seeds=seeds)
+    long_rng = random.Random(2028)  # its own draws: the cases above stay as they were
+    for seed in range(seeds):
+        for lname, lay in layouts.items():
+            add(
+                "hang",
+                f"stuck-rank-long-steps-{lname}",
+                lay,
+                (Fault("hang", ONSET, ranks=(long_rng.randrange(lay.world),)),),
+                seed=seed,
+                steps=ONSET + 20,
+                workload=LONG_STEPS,
+                batch_s=0.5,
+            )
     return out
 
 
