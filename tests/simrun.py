@@ -77,12 +77,14 @@ def run(
         for f in pipe.check_hang(snap, slot_of):
             findings.append((topo.slot_rank[f.slots[0]] if f.slots else -1, f))
 
-    sim = scenario.simulation()
-    for env in scenario.envelopes(sim):
+    sim = scenario.simulation() if isinstance(scenario, Scenario) else None
+    envelopes = scenario.envelopes(sim) if sim is not None else scenario.envelopes()
+    for env in envelopes:
         if strip_steps:
             env["steps"] = []
         result = state.apply(parse_envelope(env))
         assert not result.rejected, result.rejected[:3]
         drain()
     drain(flush=True)
-    return Run(findings, frames, state, pipe, scenario.labels(sim))
+    labels = scenario.labels(sim) if sim is not None else {}  # a replayed trace has none
+    return Run(findings, frames, state, pipe, labels)
