@@ -102,8 +102,8 @@ class Joiner:
         self.expired = 0  # incomplete collectives dropped by retention or the cap
         self.conflicts = 0  # member records that contradicted an earlier one (dropped)
         self.duplicates = 0  # member records identical to an earlier one (dropped)
-        self.last_end = np.zeros(0, np.int64)  # per slot: end of its newest completed call
-        self.quiet = QuietGaps()  # per slot: its longest recent gap between completed calls
+        # per slot: the end of its newest completed call, and its longest recent gap between two
+        self.quiet = QuietGaps()
         self.n_slots = 0  # slots the job had at the newest staging
         self.arrivals = 0  # member records staged so far
 
@@ -225,14 +225,13 @@ class Joiner:
         self.pending, self._pkey = take(self.pending, np.flatnonzero(keep)), None
         self.pending_groups = count_keys(self._pending_key())
 
+    @property
+    def last_end(self) -> np.ndarray:
+        """Per slot, the end of its newest completed call (0: none yet)."""
+        return self.quiet.last
+
     def _note_ends(self, slot: np.ndarray, end: np.ndarray) -> None:
-        """``last_end``: per slot, the end of its newest completed call among new records."""
-        if self.last_end.size < self.n_slots:
-            grown = np.zeros(self.n_slots, np.int64)
-            grown[: self.last_end.size] = self.last_end
-            self.last_end = grown
-        done = end != NO_END
-        np.maximum.at(self.last_end, slot[done], end[done])
+        """``last_end`` and the quiet gaps from new records' ends."""
         self.quiet.note(slot, end, self.n_slots)
 
     def _winners(

@@ -4,7 +4,8 @@ The hang detector tells a stopped rank from a slow one by the rank's own progres
 still completes its collectives in between, a stopped rank completes nothing. How long "nothing"
 must last depends on the rank: a tensor-parallel rank completes an all-reduce every few
 milliseconds, a data-parallel rank of a compute-bound job may compute for most of a step between
-two. So per rank (slot) we keep the longest gap between the ends of consecutive completed calls,
+two. So per rank (slot) we keep the end of its newest completed call (the join's ``last_end``)
+and the longest gap between the ends of consecutive completed calls,
 over a rotating window of event time (the longest of the current and the previous window: a gap
 seen in the last one or two windows, a noise spike or a checkpoint's, still counts).
 
