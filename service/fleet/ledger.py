@@ -33,9 +33,11 @@ from failslow.service.fleet.models import (
     FleetPart,
     FleetReading,
     HostInventory,
+    QualRun,
     in_chunks,
 )
-from failslow.service.fleet.qualify import Norms, Qualifier, SlowLink
+from failslow.service.fleet.qualifications import Qualifier
+from failslow.service.fleet.qualify import Norms
 from failslow.service.fleet.settings import FleetSettings
 from failslow.service.incidents.models import Incident, IncidentResolution, IncidentState
 from failslow.service.incidents.service import resolution_of
@@ -60,9 +62,9 @@ class FleetLedger:
         call; ``watermark(job)``: a job's event-time now (None: not in memory); ``propose``:
         where drain hints go (the actions' ``Mitigation.propose_hint``; None: none made)."""
         self.propose = propose
-        self.qualifier = Qualifier(Norms(link_ratio=settings.qualify_link_ratio,
-                                         compute_ratio=settings.qualify_compute_ratio))
-        # (qualification runs are in memory: qualify.py)
+        self.qualifier = Qualifier(sessions, Norms(link_ratio=settings.qualify_link_ratio,
+                                                   compute_ratio=settings.qualify_compute_ratio),
+                                   keep_runs=settings.qualify_keep_runs)  # fmt: skip
         self.settings, self.sessions = settings, sessions
         self.jobs, self.take, self.watermark = jobs, take, watermark
         self._pending: set[str] = set()  # incidents heard of since the last flush
@@ -112,7 +114,7 @@ class FleetLedger:
             for job, t, now_ns in taken:
                 self._readings(s, job, t, now_ns or time.time_ns(), touched)
             fresh = self._marks(s, pending, touched)
-            self._qualified(s, self.qualifier.take_slow_links(), fresh)
+            self._qualified(s, fresh)
             before = {p: st for p, st in s.execute(select(FleetPart.part_id, FleetPart.state))}
             full = self.flushes % standing.FULL_EVERY == 0
             standing.judge(s, self.settings, touched=touched, fresh=fresh, full=full)
@@ -237,17 +239,19 @@ class FleetLedger:
             mark.lost_s, mark.final, mark.severity = lost, final, inc.severity
         return out
 
-    def _qualified(self, s: Session, slow: list[SlowLink],
-                   fresh: dict[str, list[FleetMark]]) -> None:  # fmt: skip
+    def _qualified(self, s: Session, fresh: dict[str, list[FleetMark]]) -> None:
         """Qualification runs that found a host's link slow: a mark on its network part, like a
         slow-link incident's (it costs no job time: the host took no job)."""
-        for q in slow:
+        for q in self.qualifier.slow_links(s):
+            q.marked = True
             part = self._nic_of(s, q.host)
-            if s.get(FleetMark, (q.run, part.part_id)) is not None:
+            if s.get(FleetMark, (q.run_id, part.part_id)) is not None:
                 continue
-            row = ensure_part(s, part, q.at_ns)
-            mark = FleetMark(incident_id=q.run, part_id=part.part_id, job_id=q.run,
-                             kind=IncidentKind.SLOW_LINK, severity=Severity.MAJOR, at_ns=q.at_ns,
+            run = s.get(QualRun, q.run_id)
+            at_ns = (run.done_ns if run is not None else None) or time.time_ns()
+            row = ensure_part(s, part, at_ns)
+            mark = FleetMark(incident_id=q.run_id, part_id=part.part_id, job_id=q.run_id,
+                             kind=IncidentKind.SLOW_LINK, severity=Severity.MAJOR, at_ns=at_ns,
                              lost_s=0.0, hard=False, final=True)  # fmt: skip
             s.add(mark)
             row.incidents_total += 1

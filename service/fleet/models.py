@@ -95,3 +95,76 @@ class HostInventory(Base):
     nics: Mapped[list[dict[str, object]]] = mapped_column(JSON, default=list)
     reported_ns: Mapped[int] = mapped_column(BigInteger)
     note: Mapped[str] = mapped_column(Text, default="")  # how the agent read it
+
+
+class QualRun(Base):
+    """A qualification (docs/fleet.md): shared by every replica through the database, so an
+    agent may poll one replica and an operator read another."""
+
+    __tablename__ = "fleet_qualifications"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    created_ns: Mapped[int] = mapped_column(BigInteger)  # wall clock: replicas share it
+    deadline_ns: Mapped[int] = mapped_column(BigInteger)
+    nbytes: Mapped[int] = mapped_column(Integer)
+    iterations: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(8))  # RunState
+    done_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+    __table_args__ = (Index("ix_fleet_qualifications_state", "state", "deadline_ns"),)
+
+
+class QualHost(Base):
+    """One host of a qualification: its agent's endpoint, what the ledger held against it, and
+    its verdict once judged (``slow_link``: the reason it is no-go for its link, until the
+    ledger has marked its network part)."""
+
+    __tablename__ = "fleet_qualification_hosts"
+
+    run_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    host: Mapped[str] = mapped_column(String(128), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer)  # its place in the ring, as asked
+    addr: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    seen: Mapped[bool] = mapped_column(Boolean, default=False)
+    standing: Mapped[list[str]] = mapped_column(JSON, default=list)
+    verdict: Mapped[str | None] = mapped_column(String(8), nullable=True)  # Verdict once judged
+    reasons: Mapped[list[str]] = mapped_column(JSON, default=list)
+    compute_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    link_bps: Mapped[float | None] = mapped_column(Float, nullable=True)
+    slow_link: Mapped[str | None] = mapped_column(Text, nullable=True)
+    marked: Mapped[bool] = mapped_column(Boolean, default=False)
+
+    __table_args__ = (
+        Index("ix_fleet_qualification_hosts_host", "host"),
+        Index("ix_fleet_qualification_hosts_unmarked", "marked", "slow_link"),
+    )
+
+
+class QualTask(Base):
+    """One check an agent runs: handed out once (a conditional update), answered once."""
+
+    __tablename__ = "fleet_qualification_tasks"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(40))
+    host: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(8))  # TaskKind
+    peer: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    handed: Mapped[bool] = mapped_column(Boolean, default=False)
+    # {"seconds"} or {"bps", "up_bps", "down_bps"} or {"error"}
+    result: Mapped[dict[str, object] | None] = mapped_column(JSON, nullable=True)
+
+    __table_args__ = (Index("ix_fleet_qualification_tasks_run", "run_id", "host"),)
+
+
+class QualNorm(Base):
+    """One passing host's measurement, for the fleet norm (the newest ``Norms.keep`` per kind)."""
+
+    __tablename__ = "fleet_qualification_norms"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(String(8))  # TaskKind
+    value: Mapped[float] = mapped_column(Float)
+    at_ns: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (Index("ix_fleet_qualification_norms_kind", "kind", "id"),)

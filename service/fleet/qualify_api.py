@@ -59,7 +59,8 @@ def start(body: QualifyIn, ctx: CtxDep, session: SessionDep) -> dict[str, Any]:
     run = ctx.fleet.qualifier.start(hosts, timeout_s=body.timeout_s, nbytes=body.bytes,
                                     iterations=body.iterations,
                                     standing=standing(session, hosts))  # fmt: skip
-    view = ctx.fleet.qualifier.view(run.id)
+    session.close()  # (its read is over: the run is written in a transaction of its own)
+    view = ctx.fleet.qualifier.view(run)
     assert view is not None
     return view
 
@@ -70,7 +71,7 @@ def get_run(run: RunId, ctx: CtxDep) -> dict[str, Any]:
     ``done`` with each host's ``go`` / ``no-go`` and the reasons."""
     view = ctx.fleet.qualifier.view(run)
     if view is None:
-        raise NotFound(f"no qualification {run!r} (runs are kept in memory, the last 100)")
+        raise NotFound(f"no qualification {run!r} (the newest fleet.qualify_keep_runs are kept)")
     return view
 
 

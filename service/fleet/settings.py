@@ -70,6 +70,11 @@ class FleetSettings(BaseModel):
         description="Qualification: a host whose compute check takes above this x the fleet norm "
         "is no-go.",
     )  # fmt: skip
+    qualify_keep_runs: int = Field(
+        default=1000, ge=1,
+        description="Qualification runs kept in the database (the newest; older ones go, with "
+        "their checks).",
+    )  # fmt: skip
     gauges_top: int = Field(
         default=50, ge=0, le=1000,
         description="Per-part health gauges are exported for this many parts per kind (flagged "

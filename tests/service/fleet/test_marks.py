@@ -93,18 +93,20 @@ def test_a_probed_slow_link_moves_its_mark_to_the_slow_end(
 
 def test_failed_link_qualifications_mark_the_nic_and_make_it_suspect(c: TestClient) -> None:
     a, b = small_job(c, "mk-2")
-    ctx = c.app.state.ctx  # type: ignore[attr-defined]
-    q = ctx.fleet.qualifier
+    hosts = [a, b, "node-x"]
     for _ in range(2):  # two runs, each measuring host b's links at 3 MB/s against ~900
-        run = q.start([a, b, "node-x"], timeout_s=60, nbytes=1 << 20, iterations=5, standing={})
-        for t in run.tasks.values():
-            if t.kind == TaskKind.COMPUTE:
-                q.report(run.id, t.id, {"seconds": 0.2})
-            else:
-                slow = b in (t.host, t.peer)
-                q.report(run.id, t.id, {"bps": 3 * MB if slow else 900 * MB})
-        view = q.view(run.id)
-        assert view is not None and view["no_go"] == [b], view
+        run = c.post("/v1/fleet/qualifications", json={"hosts": hosts, "timeout_s": 60}).json()
+        for rnd in range(2):  # the agents poll (the first round says their endpoints)
+            for i, h in enumerate(hosts):
+                addr = {"probe_addr": f"10.0.0.{i}:7000"} if rnd == 0 else {}
+                for t in c.get(f"/v1/fleet/agents/{h}/tasks", params=addr).json()["tasks"]:
+                    slow = b in (h, t.get("peer"))
+                    result = ({"seconds": 0.2} if t["kind"] == TaskKind.COMPUTE
+                              else {"bps": 3 * MB if slow else 900 * MB})  # fmt: skip
+                    url = f"/v1/fleet/qualifications/{run['id']}/tasks/{t['id']}"
+                    assert c.post(url, json=result).status_code == 204
+        view = c.get(f"/v1/fleet/qualifications/{run['id']}").json()
+        assert view["state"] == "done" and view["no_go"] == [b], view
         assert c.post("/v1/fleet/flush").status_code == 200
     part = nic(c, b)
     assert part["incidents"] == 2 and {m["kind"] for m in part["marks"]} == {"slow_link"}
