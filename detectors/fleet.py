@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 import numpy as np
@@ -103,6 +103,17 @@ class FleetModel:
     prior_hours: float = 24.0  # pseudo-exposure of the incident-rate prior
     rate_factor: float = 3.0  # a repeat offender's rate against the fleet's
     min_incident_jobs: int = 2  # distinct jobs that must have named it
+    min_jobs: int = 1  # readings (jobs, or link checks) before a part can be called slow
+    link: bool = False  # readings are link speeds (a NIC's): worded so, no job time priced
+
+    def links(self, *, flag_ratio: float = 1.2, prior_sd: float = 0.3, tau_floor: float = 0.15,
+              min_checks: int = 3) -> FleetModel:  # fmt: skip
+        """The model for NICs' link speeds (:func:`link_readings`): one check is one reading,
+        speeds spread far more than compute times (a busy path, a shared switch), so the prior
+        is wide, the floor of the spread high and the bar for "slow" 20%."""
+        return replace(self, link=True, flag_ratio=flag_ratio, prior_sd=prior_sd,
+                       tau_floor=tau_floor, min_frames=1, n_eff_cap=1,
+                       min_jobs=min_checks)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -186,11 +197,12 @@ def health(
     h.observed_s = sum(r.observed_s for r in readings)
     h.slowness, h.sd = math.exp(mu), sd
     h.low, h.high = math.exp(mu - model.z * sd), math.exp(mu + model.z * sd)
-    if h.jobs and mu - model.z * sd > math.log(model.flag_ratio):
+    if h.jobs >= max(1, model.min_jobs) and mu - model.z * sd > math.log(model.flag_ratio):
         h.slow = True
+        what = "link checks" if model.link else "jobs"
         h.reasons.append(
-            f"{(h.slowness - 1) * 100:.1f}% slower than its peers over {h.jobs} jobs "
-            f"(at least {(h.low - 1) * 100:.1f}%)"
+            f"{'links ' if model.link else ''}{(h.slowness - 1) * 100:.1f}% slower than its "
+            f"peers over {h.jobs} {what} (at least {(h.low - 1) * 100:.1f}%)"
         )
     weights: dict[str, float] = {}
     for m in marks:
@@ -211,9 +223,41 @@ def health(
             f"named by incidents in {h.incident_jobs} jobs ({h.rate_per_h:.2f}/h observed, "
             f"the fleet's {fleet_rate_per_h:.2f}/h)"
         )
-    if h.slowness > 1.0:
+    if h.slowness > 1.0 and not model.link:  # (what a slow link costs is its incidents')
         h.cost_s += (1.0 - 1.0 / h.slowness) * h.observed_s
     return h
+
+
+@dataclass(frozen=True, slots=True)
+class LinkCheck:
+    """A finished set of link tests among hosts (a probe campaign of a job): what the fleet
+    ledger reads NICs' speeds from."""
+
+    id: str  # the campaign's: each check is one reading of the NICs it measured
+    job: str
+    pairs: tuple[tuple[str, str, float], ...]  # (a, b, bytes per second) measured
+    reference: float  # the fast pairs' speed the campaign judged them against
+    at_ns: int
+
+
+def link_readings(
+    pairs: Iterable[tuple[str, str, float]], reference: float
+) -> dict[str, float]:
+    """Per host, a link check's reading: ``log(reference / best)``, ``best`` the fastest of its
+    measured pairs (bytes per second; > 0: slower than the reference). A slow NIC makes every
+    pair through it slow, a healthy host has a fast one, so only hosts in two or more measured
+    pairs get a reading: one pair cannot say which end is slow."""
+    best: dict[str, float] = {}
+    count: dict[str, int] = {}
+    for a, b, bps in pairs:
+        if not (bps > 0 and math.isfinite(bps)):
+            continue
+        for h in (a, b):
+            best[h] = max(best.get(h, 0.0), bps)
+            count[h] = count.get(h, 0) + 1
+    if not (reference > 0 and math.isfinite(reference)):
+        return {}
+    return {h: math.log(reference / v) for h, v in best.items() if count[h] >= 2}
 
 
 def fleet_rate(marks: int | float, observed_s: float) -> float:

@@ -222,15 +222,15 @@ def build_context(settings: Settings) -> AppContext:
     )
     mitigation.recover()
     hint = mitigation.propose_hint if settings.actions.enabled else None  # drain hints
+    probes = ProbeManager(settings=settings.probes, sessions=sessions, metrics=metrics)
     fleet = FleetLedger(settings=settings.fleet, sessions=sessions, jobs=detection.job_names,
                         take=detection.take_tally, watermark=jobs.watermark_of,
-                        propose=hint)  # fmt: skip
+                        propose=hint, checked=probes.take_link_checks)  # fmt: skip
     if settings.fleet.enabled:
         metrics.sinks.append(fleet.sink)
         detection.on_forget = fleet.retire
         metrics.add(FleetCollector(sessions, top=settings.fleet.gauges_top,
                                    ttl_s=min(15.0, settings.fleet.flush_interval_s)))  # fmt: skip
-    probes = ProbeManager(settings=settings.probes, sessions=sessions, metrics=metrics)
 
     def evicted(job: str) -> None:  # what is held for a job leaves memory with it
         detection.forget(job)

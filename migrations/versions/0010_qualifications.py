@@ -42,12 +42,14 @@ def upgrade() -> None:
         sa.Column("reasons", sa.JSON(), nullable=False),
         sa.Column("compute_s", sa.Float(), nullable=True),
         sa.Column("link_bps", sa.Float(), nullable=True),
+        sa.Column("link_norm", sa.Float(), nullable=True),
+        sa.Column("link_pairs", sa.Integer(), nullable=False),
         sa.Column("slow_link", sa.Text(), nullable=True),
         sa.Column("marked", sa.Boolean(), nullable=False),
     )
     op.create_index("ix_fleet_qualification_hosts_host", "fleet_qualification_hosts", ["host"])
     op.create_index("ix_fleet_qualification_hosts_unmarked", "fleet_qualification_hosts",
-                    ["marked", "slow_link"])  # fmt: skip
+                    ["marked", "link_bps"])  # fmt: skip
     op.create_table(
         "fleet_qualification_tasks",
         sa.Column("id", sa.String(40), primary_key=True),

@@ -12,6 +12,7 @@ the parts it names with the job time it cost. Then :mod:`.standing` judges the p
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -20,7 +21,14 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from failslow.detectors.fleet import JobReading, PartKind, merge, pooled
+from failslow.detectors.fleet import (
+    JobReading,
+    LinkCheck,
+    PartKind,
+    link_readings,
+    merge,
+    pooled,
+)
 from failslow.detectors.impact import job_time_lost
 from failslow.detectors.vocab import IncidentKind, Severity
 from failslow.service.db import session_scope
@@ -57,11 +65,13 @@ class FleetLedger:
         take: Callable[[str], Taken | None],
         watermark: Callable[[str], int | None],
         propose: hints.Propose | None = None,
+        checked: Callable[[], list[LinkCheck]] | None = None,
     ) -> None:
         """``jobs()``: the jobs detection holds; ``take(job)``: their tallies since the last
         call; ``watermark(job)``: a job's event-time now (None: not in memory); ``propose``:
-        where drain hints go (the actions' ``Mitigation.propose_hint``; None: none made)."""
-        self.propose = propose
+        where drain hints go (the actions' ``Mitigation.propose_hint``; None: none made);
+        ``checked()``: link checks finished since the last call (probe campaigns)."""
+        self.propose, self.checked = propose, checked
         self.qualifier = Qualifier(sessions, Norms(link_ratio=settings.qualify_link_ratio,
                                                    compute_ratio=settings.qualify_compute_ratio),
                                    keep_runs=settings.qualify_keep_runs)  # fmt: skip
@@ -114,7 +124,10 @@ class FleetLedger:
             for job, t, now_ns in taken:
                 self._readings(s, job, t, now_ns or time.time_ns(), touched)
             fresh = self._marks(s, pending, touched)
-            self._qualified(s, fresh)
+            self._qualified(s, fresh, touched)
+            for check in self.checked() if self.checked is not None else []:
+                self._links(s, check.id, link_readings(check.pairs, check.reference),
+                            check.at_ns, touched, count_job=False)  # fmt: skip
             before = {p: st for p, st in s.execute(select(FleetPart.part_id, FleetPart.state))}
             full = self.flushes % standing.FULL_EVERY == 0
             standing.judge(s, self.settings, touched=touched, fresh=fresh, full=full)
@@ -156,6 +169,13 @@ class FleetLedger:
             items.append((host_part(host), whole))
             nics = inv[host].nics if host in inv else None
             items.append((nic_part(host, nics), JobReading(0, 0.0, 0.0, whole.observed_s)))
+        self._fold(s, job, items, now_ns, touched)
+
+    def _fold(self, s: Session, job: str, items: list[tuple[Part, JobReading]], now_ns: int,
+              touched: dict[str, float], *, count_job: bool = True) -> None:  # fmt: skip
+        """Readings of parts in one job (or one link check, a qualification run or a probe
+        campaign: ``count_job`` False, not a job the part ran) added to their rows, the parts
+        created where new."""
         ids = [p.part_id for p, _ in items]
         with s.no_autoflush:
             parts = {r.part_id: r for r in _rows(s, FleetPart, FleetPart.part_id, ids)}
@@ -170,14 +190,14 @@ class FleetLedger:
                 row.host, row.last_seen_ns = part.host, max(row.last_seen_ns, now_ns)
                 old = olds.get(part.part_id)
                 if old is None:
-                    row.jobs_total += 1
+                    row.jobs_total += count_job
                     olds[part.part_id] = FleetReading(
                         part_id=part.part_id, job_id=job, n=reading.n, mean=reading.mean,
                         var=reading.var, observed_s=reading.observed_s, first_ns=now_ns,
                         last_ns=now_ns)  # fmt: skip
                     s.add(olds[part.part_id])
-                    if row.jobs_total > self.settings.max_jobs_per_part:
-                        crowded.append(part.part_id)
+                    if row.jobs_total > self.settings.max_jobs_per_part or not count_job:
+                        crowded.append(part.part_id)  # (runs are not jobs: count the rows)
                 else:
                     m = merge(JobReading(old.n, old.mean, old.var, old.observed_s), reading)
                     old.n, old.mean, old.var, old.observed_s = m.n, m.mean, m.var, m.observed_s
@@ -239,16 +259,21 @@ class FleetLedger:
             mark.lost_s, mark.final, mark.severity = lost, final, inc.severity
         return out
 
-    def _qualified(self, s: Session, fresh: dict[str, list[FleetMark]]) -> None:
-        """Qualification runs that found a host's link slow: a mark on its network part, like a
-        slow-link incident's (it costs no job time: the host took no job)."""
-        for q in self.qualifier.slow_links(s):
+    def _qualified(self, s: Session, fresh: dict[str, list[FleetMark]],
+                   touched: dict[str, float]) -> None:  # fmt: skip
+        """Qualification runs' link checks: a reading of each host's NIC (where two pairs
+        measured it), and for a host found no-go for its link a mark on its network part, like
+        a slow-link incident's (it costs no job time: the host took no job)."""
+        for q in self.qualifier.untaken(s):
             q.marked = True
-            part = self._nic_of(s, q.host)
-            if s.get(FleetMark, (q.run_id, part.part_id)) is not None:
-                continue
             run = s.get(QualRun, q.run_id)
             at_ns = (run.done_ns if run is not None else None) or time.time_ns()
+            if q.link_pairs >= 2 and q.link_norm and q.link_bps:
+                self._links(s, q.run_id, {q.host: math.log(q.link_norm / q.link_bps)}, at_ns,
+                            touched, count_job=False)  # fmt: skip
+            part = self._nic_of(s, q.host)
+            if q.slow_link is None or s.get(FleetMark, (q.run_id, part.part_id)) is not None:
+                continue
             row = ensure_part(s, part, at_ns)
             mark = FleetMark(incident_id=q.run_id, part_id=part.part_id, job_id=q.run_id,
                              kind=IncidentKind.SLOW_LINK, severity=Severity.MAJOR, at_ns=at_ns,
@@ -256,6 +281,13 @@ class FleetLedger:
             s.add(mark)
             row.incidents_total += 1
             fresh.setdefault(part.part_id, []).append(mark)
+
+    def _links(self, s: Session, job: str, readings: dict[str, float], at_ns: int,
+               touched: dict[str, float], *, count_job: bool = True) -> None:  # fmt: skip
+        """Link checks' readings (per host, log of reference over its speed) into its NIC's
+        reading keyed ``job`` (the check's id: one check, one reading)."""
+        items = [(self._nic_of(s, h), JobReading(1, y, 0.0, 0.0)) for h, y in readings.items()]
+        self._fold(s, job, items, at_ns, touched, count_job=count_job)
 
     def _parts_of(self, s: Session, inc: Incident) -> list[Part]:
         """The parts an incident names: a slow GPU its GPU, a slow node or a hang its hosts, a

@@ -116,8 +116,8 @@ class QualRun(Base):
 
 class QualHost(Base):
     """One host of a qualification: its agent's endpoint, what the ledger held against it, and
-    its verdict once judged (``slow_link``: the reason it is no-go for its link, until the
-    ledger has marked its network part)."""
+    its verdict once judged (``slow_link``: the reason it is no-go for its link). ``marked``:
+    the ledger has taken its link check (a reading of its NIC, a mark when slow)."""
 
     __tablename__ = "fleet_qualification_hosts"
 
@@ -131,12 +131,14 @@ class QualHost(Base):
     reasons: Mapped[list[str]] = mapped_column(JSON, default=list)
     compute_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     link_bps: Mapped[float | None] = mapped_column(Float, nullable=True)
+    link_norm: Mapped[float | None] = mapped_column(Float, nullable=True)
+    link_pairs: Mapped[int] = mapped_column(Integer, default=0)
     slow_link: Mapped[str | None] = mapped_column(Text, nullable=True)
     marked: Mapped[bool] = mapped_column(Boolean, default=False)
 
     __table_args__ = (
         Index("ix_fleet_qualification_hosts_host", "host"),
-        Index("ix_fleet_qualification_hosts_unmarked", "marked", "slow_link"),
+        Index("ix_fleet_qualification_hosts_unmarked", "marked", "link_bps"),
     )
 
 

@@ -52,7 +52,7 @@ class Qualifier:
             s.add(QualRun(id=run_id, created_ns=now, deadline_ns=now + int(timeout_s * 1e9),
                           nbytes=nbytes, iterations=iterations,
                           state=RunState.RUNNING))  # fmt: skip
-            s.add_all(QualHost(run_id=run_id, host=h, position=i, seen=False,
+            s.add_all(QualHost(run_id=run_id, host=h, position=i, seen=False, link_pairs=0,
                                standing=list(standing.get(h, [])), reasons=[], marked=False)
                       for i, h in enumerate(hosts))  # fmt: skip
             s.add_all(QualTask(id=new_id("qt"), run_id=run_id, host=h, kind=kind, peer=peer,
@@ -137,11 +137,12 @@ class Qualifier:
         return {"id": run.id, "state": run.state, "hosts": rows,
                 "go": having(Verdict.GO), "no_go": having(Verdict.NO_GO)}  # fmt: skip
 
-    def slow_links(self, s: Session) -> list[QualHost]:
-        """Hosts found no-go for their link whose network part the ledger has not marked yet
-        (in the caller's transaction: it sets ``marked``)."""
-        return list(s.scalars(select(QualHost).where(QualHost.marked.is_(False),
-                                                     QualHost.slow_link.is_not(None))))  # fmt: skip
+    def untaken(self, s: Session) -> list[QualHost]:
+        """Judged hosts with a link check the ledger has not taken yet (in the caller's
+        transaction: it sets ``marked``)."""
+        return list(s.scalars(select(QualHost).where(
+            QualHost.marked.is_(False), QualHost.link_bps.is_not(None),
+            QualHost.verdict.is_not(None))))  # fmt: skip
 
     # -- inside -------------------------------------------------------------------------------
     def _judge(self, run_id: str) -> None:
@@ -168,6 +169,7 @@ class Qualifier:
                 v = verdicts[h.host]
                 h.verdict, h.reasons, h.slow_link = v.verdict, v.reasons, v.slow_link
                 h.compute_s, h.link_bps = v.compute_s, v.link_bps
+                h.link_norm, h.link_pairs = v.link_norm, v.link_pairs
                 if v.verdict != Verdict.GO:
                     continue
                 for kind, value in ((TaskKind.COMPUTE, v.compute_s), (TaskKind.LINK, v.link_bps)):

@@ -64,6 +64,8 @@ class HostVerdict:
     compute_s: float | None
     link_bps: float | None
     slow_link: str | None  # the reason, when it is no-go for its link
+    link_norm: float | None = None  # the norm its link was judged against
+    link_pairs: int = 0  # its pairs measured (two or more: its link speed is its NIC's)
 
 
 def ring(hosts: Sequence[str]) -> list[tuple[TaskKind, str, str | None]]:
@@ -112,7 +114,8 @@ def judge(hosts: Sequence[str], checks: Sequence[Check], *, seen: set[str],
             slow = (f"link {best / 1e6:.1f} MB/s at best (to {peers}) against the "
                     f"norm {l_norm / 1e6:.1f} MB/s{both}")  # fmt: skip
             reasons.append(slow)
-        out[h] = HostVerdict(Verdict.NO_GO if reasons else Verdict.GO, reasons, secs, best, slow)
+        out[h] = HostVerdict(Verdict.NO_GO if reasons else Verdict.GO, reasons, secs, best, slow,
+                             link_norm=l_norm, link_pairs=sum(h in (a, b) for a, b, _ in links))
     return out
 
 

@@ -70,6 +70,22 @@ class FleetSettings(BaseModel):
         description="Qualification: a host whose compute check takes above this x the fleet norm "
         "is no-go.",
     )  # fmt: skip
+    link_flag_ratio: float = Field(
+        default=1.2, gt=1,
+        description="A NIC whose link checks (qualification, probes), pooled, are confidently "
+        "this much slower than their reference is slow.",
+    )  # fmt: skip
+    link_prior_sd: float = Field(
+        default=0.3, gt=0, description="The fleet prior on a NIC's log link slowness."
+    )
+    link_tau_floor: float = Field(
+        default=0.15, gt=0,
+        description="A healthy NIC's check-to-check spread of log link speed is never taken "
+        "below this.",
+    )  # fmt: skip
+    link_min_checks: int = Field(
+        default=3, ge=1, description="Link checks of a NIC before it can be called slow."
+    )
     qualify_keep_runs: int = Field(
         default=1000, ge=1,
         description="Qualification runs kept in the database (the newest; older ones go, with "
@@ -80,6 +96,12 @@ class FleetSettings(BaseModel):
         description="Per-part health gauges are exported for this many parts per kind (flagged "
         "first, then by job time lost): bounded cardinality.",
     )  # fmt: skip
+
+    def link_model(self) -> FleetModel:
+        """The model NICs are judged by (their readings are link checks)."""
+        return self.model().links(flag_ratio=self.link_flag_ratio, prior_sd=self.link_prior_sd,
+                                  tau_floor=self.link_tau_floor,
+                                  min_checks=self.link_min_checks)  # fmt: skip
 
     def model(self) -> FleetModel:
         return FleetModel(

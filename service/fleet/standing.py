@@ -79,7 +79,7 @@ FULL_EVERY = 20  # flushes between judgements of every part (10 min at the defau
 def judge_kind(s: Session, settings: FleetSettings, kind: PartKind, *, now_ns: int,
                touched: dict[str, float], fresh: dict[str, list[FleetMark]],
                only: set[str] | None = None) -> None:  # fmt: skip
-    model = settings.model()
+    model = settings.link_model() if kind == PartKind.NIC else settings.model()
     q = select(FleetPart).where(FleetPart.kind == kind)
     parts = [p for p in s.scalars(q) if only is None or p.part_id in only]
     judged = {p.part_id for p in parts}
@@ -109,7 +109,8 @@ def judge_kind(s: Session, settings: FleetSettings, kind: PartKind, *, now_ns: i
         )  # fmt: skip
         # the job time its slowness surely cost: at the interval's lower end (0 unless the
         # evidence says slower than its peers), so that exposure alone ranks nothing
-        speed_cost = (1.0 - 1.0 / h.low) * h.observed_s if h.low > 1 else 0.0
+        # (a NIC's readings are link speeds: what they cost is its incidents')
+        speed_cost = (1.0 - 1.0 / h.low) * h.observed_s if h.low > 1 and not model.link else 0.0
         part.cost_s = round(part.lost_s_total + speed_cost, 3)
         part.flagged = h.flagged
         part.health = health_dict(h, tau=tau, fleet_rate=rate)

@@ -25,12 +25,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from failslow.detectors.fleet import LinkCheck
 from failslow.detectors.vocab import IncidentKind
 from failslow.service.db import session_scope
 from failslow.service.ids import new_id
@@ -98,6 +100,7 @@ class ProbeManager:
         self.critical: dict[str, bool] = {}
         self._last_start: dict[str, int] = {}
         self._first_seen: dict[str, int] = {}  # incident -> when a campaign was first wanted
+        self._checked: deque[LinkCheck] = deque(maxlen=10_000)  # for the fleet ledger
         self.hangs: dict[str, list[str]] = {}  # job -> open hang incidents
         self._asked: set[tuple[str, str]] = set()  # (incident, host) asked for hang evidence
         self._read_ns = -(1 << 62)  # when the open incidents were last read
@@ -214,6 +217,13 @@ class ProbeManager:
         for job, incident, hosts, edges in wanted if self.settings.enabled else []:
             self._maybe_start(job, incident, hosts, edges, now)
 
+    def take_link_checks(self) -> list[LinkCheck]:
+        """Campaigns finished since the last call (the fleet ledger reads NICs' speeds)."""
+        with self._lock:
+            out = list(self._checked)
+            self._checked.clear()
+        return out
+
     def _maybe_start(
         self, job: str, incident: str, hosts: list[str], edges: list[list[str]], now: int
     ) -> None:
@@ -291,6 +301,10 @@ class ProbeManager:
             seconds=round((now - c.started_ns) / 1e9, 2),
         )
         c.state, c.finished_ns, c.conclusion = "done", now, conclusion
+        measured = tuple((t.a, t.b, t.bps) for t in c.done if t.bps)
+        if measured and conclusion.get("reference_bps"):
+            ref = float(conclusion["reference_bps"])  # type: ignore[arg-type]
+            self._checked.append(LinkCheck(c.id, c.job, measured, ref, now))
         log.info("probe campaign %s finished: %s", c.id, conclusion.get("reason"))
         try:
             with session_scope(self.sessions) as s:

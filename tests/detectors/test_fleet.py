@@ -13,6 +13,7 @@ from failslow.detectors.fleet import (
     SpeedTally,
     fleet_rate,
     health,
+    link_readings,
     merge,
     pooled,
     tau_of,
@@ -89,3 +90,51 @@ def test_tally_readings_and_pooling() -> None:
 def test_fleet_rate_has_a_floor() -> None:
     assert fleet_rate(0, 0.0) > 0
     assert fleet_rate(100, 3600.0 * 1e6) < fleet_rate(100, 3600.0 * 10)
+
+
+L = FleetModel().links()
+
+
+def checks(speed: float, k: int, noise: float, rng: np.random.Generator) -> list[JobReading]:
+    """``k`` link checks of a NIC at ``speed`` x the reference (one reading each)."""
+    return [JobReading(1, math.log(1 / speed) + float(rng.normal(0, noise)), 0.0, 0.0)
+            for _ in range(k)]  # fmt: skip
+
+
+def test_link_readings_are_each_hosts_best_pair_and_need_two_pairs() -> None:
+    ring = [("a", "b", 900.0), ("b", "c", 500.0), ("c", "d", 500.0), ("d", "a", 950.0),
+            ("e", "a", 0.0)]  # fmt: skip  (a failed test says nothing)
+    got = link_readings(ring, 900.0)
+    assert set(got) == {"a", "b", "c", "d"}  # e: one pair, and it failed
+    assert got["c"] == math.log(900 / 500) and got["b"] == 0.0
+    assert got["a"] == math.log(900 / 950) < 0  # faster than the reference
+    assert link_readings([("x", "y", 3.0)], 900.0) == {}  # one pair cannot say which end
+    assert link_readings(ring, 0.0) == {}
+
+
+def test_a_nic_slower_in_every_link_check_is_flagged_after_a_few_checks_not_one() -> None:
+    rng = np.random.default_rng(1)
+    tau = 0.15
+    for speed, by in ((0.5, 3), (0.62, 6)):  # its pairs at half, or 62%, of the fast ones
+        seen = checks(speed, 12, 0.05, rng)
+        flagged_at = next(k for k in range(1, 13)
+                          if health(seen[:k], [], now_s=0, tau=tau, fleet_rate_per_h=0.001,
+                                    model=L).slow)  # fmt: skip
+        assert L.min_jobs <= flagged_at <= by, (speed, flagged_at)
+    h = health(checks(0.5, 5, 0.05, rng), [], now_s=0, tau=tau, fleet_rate_per_h=0.001, model=L)
+    assert h.reasons[0].startswith("links ") and "over 5 link checks" in h.reasons[0]
+    assert h.cost_s == 0.0  # what a slow link cost is its incidents' lost time, not a ratio
+    # a single very slow check (a busy path) is not enough, however slow
+    assert not health(checks(0.1, 1, 0.0, rng), [], now_s=0, tau=tau, fleet_rate_per_h=0.001,
+                      model=L).slow  # fmt: skip
+
+
+def test_healthy_nics_with_noisy_link_checks_are_never_flagged() -> None:
+    """Link checks on busy hosts spread far more than compute ratios (a lab's healthy pairs:
+    386 and 786 MB/s side by side): 25% noise, and the fleet's spread estimated from it."""
+    rng = np.random.default_rng(2)
+    fleet = [checks(1.0, int(rng.integers(1, 40)), 0.25, rng) for _ in range(200)]
+    tau = tau_of((r for part in fleet for r in part), L)
+    assert tau >= L.tau_floor
+    assert not any(health(part, [], now_s=0, tau=tau, fleet_rate_per_h=0.001, model=L).flagged
+                   for part in fleet)  # fmt: skip

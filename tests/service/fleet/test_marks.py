@@ -4,9 +4,11 @@ slow marks its NIC, and two such runs make it a repeat offender (suspect)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
@@ -19,6 +21,7 @@ from failslow.service.fleet.qualify import TaskKind
 from failslow.service.fleet.settings import FleetSettings
 from failslow.service.incidents.models import Incident
 from failslow.service.metrics import Event
+from failslow.service.probes.manager import Campaign, Task
 from failslow.service.settings import DetectionSettings, Settings
 
 MB = 1e6
@@ -113,3 +116,71 @@ def test_failed_link_qualifications_mark_the_nic_and_make_it_suspect(c: TestClie
     assert all(m["job"].startswith("qual_") for m in part["marks"])
     assert part["state"] == "suspect" and "named by incidents in 2 jobs" in part["state_reason"]
     assert nic(c, a)["incidents"] == 0  # its one slow pair is b's
+
+
+def qualify(c: TestClient, hosts: list[str], bps: Callable[[str, str], float]) -> dict[str, Any]:
+    """One qualification through the REST, the agents answering ``bps(host, peer)``."""
+    run = c.post("/v1/fleet/qualifications", json={"hosts": hosts, "timeout_s": 60}).json()
+    for rnd in range(2):  # the agents poll (the first round says their endpoints)
+        for i, h in enumerate(hosts):
+            addr = {"probe_addr": f"10.0.1.{i}:7000"} if rnd == 0 else {}
+            for t in c.get(f"/v1/fleet/agents/{h}/tasks", params=addr).json()["tasks"]:
+                result = ({"seconds": 0.2} if t["kind"] == TaskKind.COMPUTE
+                          else {"bps": bps(h, t["peer"])})  # fmt: skip
+                url = f"/v1/fleet/qualifications/{run['id']}/tasks/{t['id']}"
+                assert c.post(url, json=result).status_code == 204
+    view: dict[str, Any] = c.get(f"/v1/fleet/qualifications/{run['id']}").json()
+    assert view["state"] == "done"
+    return view
+
+
+def test_a_nic_that_passes_every_qualification_but_is_always_slower_is_flagged(
+    c: TestClient,
+) -> None:
+    """A NIC at 62% of its peers' link speed is above the no-go bar (half the norm) in every
+    qualification; its checks, pooled in the ledger, flag it within a few runs, and nothing
+    else is flagged."""
+    hosts = [f"q{i}" for i in range(5)]
+    rng = np.random.default_rng(5)
+
+    def bps(a: str, b: str) -> float:
+        slow = 0.62 if "q3" in (a, b) else 1.0
+        return 900 * MB * slow * float(np.exp(rng.normal(0, 0.05)))
+
+    flagged_at = None
+    for k in range(1, 9):
+        view = qualify(c, hosts, bps)
+        if flagged_at is None:
+            assert view["go"] == hosts, view  # no single run says no-go
+        else:  # once the ledger flags its NIC, qualification says so
+            [why] = [h["reasons"] for h in view["hosts"] if h["host"] == "q3"]
+            assert view["no_go"] == ["q3"] and why[0].startswith("fleet ledger: nic q3/net")
+        assert c.post("/v1/fleet/flush").status_code == 200
+        others = [nic(c, h) for h in hosts if h != "q3"]
+        assert not any(p["flagged"] for p in others), others
+        if flagged_at is None and nic(c, "q3")["flagged"]:
+            flagged_at = k
+    assert flagged_at is not None and 3 <= flagged_at <= 7, flagged_at  # 6 at this seed
+    part = nic(c, "q3")
+    assert part["state"] == "suspect" and "over" in part["state_reason"]
+    assert part["state_reason"].startswith("links ") and "link checks" in part["state_reason"]
+    assert part["jobs_seen"] == 0 and part["jobs"] == 8  # 8 link checks; runs are not jobs
+
+
+def test_probe_campaigns_read_nic_speeds_into_the_ledger(c: TestClient) -> None:
+    """A finished probe campaign's pairs are link checks of the NICs they measured: a NIC
+    slow in three campaigns is flagged; a host in one pair only gets no reading."""
+    a, b = small_job(c, "mk-3")
+    ctx = c.app.state.ctx  # type: ignore[attr-defined]
+    hosts = [a, b, "p2", "p3"]
+    for i in range(3):
+        camp = Campaign(f"cmp_{i}", "mk-3", "inc_none", hosts, [], started_ns=0)
+        pairs = [(a, b), ("p2", "p3"), (a, "p2"), (b, "p3"), ("p3", "lonely")]
+        for x, y in pairs:
+            speed = 0.4 if "p3" in (x, y) else 1.0
+            camp.done.append(Task(f"t{i}{x}{y}", x, y, state="done", bps=900 * MB * speed))
+        ctx.probes._finish(camp, now=10**18 + i)  # (what the campaign's last round calls)
+        assert c.post("/v1/fleet/flush").status_code == 200
+    assert nic(c, "p3")["flagged"] and nic(c, "p3")["state"] == "suspect"
+    assert not any(nic(c, h)["flagged"] for h in (a, b, "p2"))
+    assert c.get("/v1/fleet/nics/lonely/net").status_code == 404
