@@ -265,7 +265,8 @@ class FleetLedger:
         measured it), and for a host found no-go for its link a mark on its network part, like
         a slow-link incident's (it costs no job time: the host took no job)."""
         for q in self.qualifier.untaken(s):
-            q.marked = True
+            if not self.qualifier.claim(s, q):  # another replica's flush took it
+                continue
             run = s.get(QualRun, q.run_id)
             at_ns = (run.done_ns if run is not None else None) or time.time_ns()
             if q.link_pairs >= 2 and q.link_norm and q.link_bps:

@@ -144,6 +144,15 @@ class Qualifier:
             QualHost.marked.is_(False), QualHost.link_bps.is_not(None),
             QualHost.verdict.is_not(None))))  # fmt: skip
 
+    def claim(self, s: Session, host: QualHost) -> bool:
+        """Take ``host``'s link check for the ledger, unless another replica's flush did (a
+        conditional update, in the caller's transaction: released if it rolls back)."""
+        took = s.execute(update(QualHost).where(
+            QualHost.run_id == host.run_id, QualHost.host == host.host,
+            QualHost.marked.is_(False)).values(marked=True)
+            .execution_options(synchronize_session=False))  # fmt: skip
+        return bool(took.rowcount == 1)  # type: ignore[attr-defined]
+
     # -- inside -------------------------------------------------------------------------------
     def _judge(self, run_id: str) -> None:
         """Judge the run unless another request or replica did: verdicts, and the passing

@@ -156,6 +156,17 @@ def test_replicas_share_runs_and_hand_each_check_out_once(
     assert all(v is not None and v["go"] == hosts for v in views)
     with sessions() as s:  # judged once: one norm entry per passing host and kind
         assert s.scalar(select(func.count()).select_from(QualNorm)) == 12
+    # each host's link check goes to one ledger flush: a rolled-back claim is released
+    with sessions() as s1:
+        [first] = [h for h in a.untaken(s1) if h.host == "n0"]
+        assert a.claim(s1, first)
+        s1.rollback()
+    with sessions() as s1, b.sessions() as s2:
+        [first] = [h for h in a.untaken(s1) if h.host == "n0"]
+        assert a.claim(s1, first)
+        s1.commit()
+        assert "n0" not in {h.host for h in b.untaken(s2)} and not b.claim(s2, first)
+        assert len(b.untaken(s2)) == 5
     other_engine.dispose()
 
 
