@@ -31,6 +31,11 @@ completes none. A tensor-parallel rank's gaps are milliseconds, so its hang is n
 a step; a data-parallel rank of a compute-bound job with one all-reduce per step has gaps of a
 step, and the full timeout decides. Ranks whose gaps are unknown wait for the full timeout.
 
+The floor of the suspect and quiet timeouts is the configured one, or the job's in-flight report
+delay as measured from its records where that is longer (``HangSnapshot.inflight_after_s``):
+with instrumentation that reports a call in flight only after seconds, ranks waiting in a call
+not reported yet were blamed besides the stopped one.
+
 The clock of a member still inside a collective that its peers completed starts at their
 completion, not at its entry: until then its own end record may merely lag behind theirs.
 
@@ -71,6 +76,9 @@ class HangSnapshot:
     rank_last_end: Mapping[int, int] = field(default_factory=dict)
     # per rank: its longest recent gap between two completed calls (s); absent: too few seen
     rank_gap_s: Mapping[int, float] = field(default_factory=dict)
+    # how soon the job's instrumentation reports a call in flight, as measured (s; None: no
+    # in-flight record seen yet): the floor of the suspect and quiet timeouts where longer
+    inflight_after_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,15 +114,17 @@ class HangDetector:
         self.stall_floor_s = stall_floor_s
 
     def timeout_s(
-        self, typical_s: float, step_time_s: float = float("nan"), steps: float = 3.0
+        self, typical_s: float, step_time_s: float = float("nan"), steps: float = 3.0,
+        floor_s: float | None = None,
     ) -> float:
         """How long a collective may take: a multiple of its usual transfer time, at least
         ``steps`` step times, at least the floor (``startup_s`` for a communicator's first). A
         member that suddenly computes f times slower keeps its peers waiting about (f - 1)
         step times before the step time itself shows it, so three step times tell a straggler
         of up to ~4x from a hang without looking at the member itself; ``suspect_steps`` do
-        when the member's own quiet gaps are known (:meth:`rank_timeout_s`)."""
-        floor = self.floor_s
+        when the member's own quiet gaps are known (:meth:`rank_timeout_s`). ``floor_s``:
+        another floor than the configured one (:meth:`floor_of`)."""
+        floor = self.floor_s if floor_s is None else floor_s
         if step_time_s == step_time_s:
             floor = max(floor, steps * step_time_s)
         if typical_s != typical_s:
@@ -124,7 +134,20 @@ class HangDetector:
             return max(floor, self.startup_s)
         return max(floor, self.timeout_factor * typical_s)
 
-    def rank_timeout_s(self, gap_s: float, full_s: float) -> float:
+    def floor_of(self, snap: HangSnapshot) -> float:
+        """The floor of the suspect and quiet timeouts: the configured one, or the job's
+        in-flight report delay as measured where that is longer (instrumentation that reports a
+        call in flight only after 5 s: a rank absent from its host's envelopes for less than
+        that after its last completion may be inside a call not reported yet). Never lowered
+        below the configured floor by a shorter delay: a host's envelope may also lack its
+        processes' newest completions (the SDK hands them over every 0.5 s), which the
+        configured floor covers and the measured delay does not. The full timeout keeps the
+        configured floor."""
+        if snap.inflight_after_s is None:
+            return self.floor_s
+        return max(self.floor_s, snap.inflight_after_s)
+
+    def rank_timeout_s(self, gap_s: float, full_s: float, floor_s: float | None = None) -> float:
         """How long a rank may complete nothing: ``quiet_factor`` times its longest recent gap
         between two completed calls (a straggler f times slower stretches its gaps f times,
         and still completes calls in between), at most the full timeout; at least the floor
@@ -132,7 +155,8 @@ class HangDetector:
         still waits in, is reported inside it only after the agents' in-flight delay (the
         floor). A 10x straggler otherwise had the ranks waiting for it in a data-parallel
         all-reduce, not yet reported, blamed."""
-        return max(self.floor_s + gap_s, min(full_s, self.quiet_factor * gap_s))
+        floor = self.floor_s if floor_s is None else floor_s
+        return max(floor + gap_s, min(full_s, self.quiet_factor * gap_s))
 
     def analyse(self, snap: HangSnapshot) -> HangFinding | None:
         now = snap.now_ns
@@ -144,6 +168,7 @@ class HangDetector:
         hung: list[tuple[BlockedCollective, float]] = []  # past the full timeout ...
         suspect: list[tuple[BlockedCollective, float]] = []  # ... past the suspect one
         cuts: dict[int, float] = {}  # id of a collective -> its suspect timeout
+        floor = self.floor_of(snap)
         for b in snap.blocked:
             starts = [s for s in b.started if s is not None]
             if not starts:
@@ -159,7 +184,7 @@ class HangDetector:
                 continue  # a member finished later steps: records went missing, nobody is stuck
             live.append((b, timeout))
             waited = (now - _waiting_since(b)) / 1e9
-            cut = self.timeout_s(b.typical_s, snap.step_time_s, self.suspect_steps)
+            cut = self.timeout_s(b.typical_s, snap.step_time_s, self.suspect_steps, floor)
             cuts[id(b)] = cut
             if waited > timeout:
                 hung.append((b, timeout))
@@ -241,7 +266,7 @@ class HangDetector:
             quiet_s = (min(now, heard) - last_end.get(rank, 0)) / 1e9
             gap = snap.rank_gap_s.get(rank, float("nan"))
             if gap == gap:
-                limit = self.rank_timeout_s(gap, timeout)
+                limit = self.rank_timeout_s(gap, timeout, floor)
                 by_gap.add(rank)
             elif sure:
                 limit = timeout

@@ -24,6 +24,7 @@ class Scenario:
     faults: tuple[Fault, ...] = ()
     seed: int = 0
     batch_s: float = 1.0  # the agents' flush interval
+    inflight_after_s: float = 1.0  # a call blocked this long is reported in flight
     t0_ns: int = 1_780_000_000_000_000_000
     hang_tail_s: float = 30.0  # how long hosts keep sending heartbeats after a hang
 
@@ -37,6 +38,7 @@ class Scenario:
             faults=self.faults,
             seed=self.seed,
             t0_ns=self.t0_ns,
+            inflight_after_s=self.inflight_after_s,
         )
 
     def with_faults(self, *faults: Fault) -> Scenario:

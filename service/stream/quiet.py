@@ -83,3 +83,66 @@ class QuietGaps:
         if slot >= self._count.size or self._count[slot] < self.min_gaps:
             return float("nan")
         return max(int(self._cur[slot]), int(self._prev[slot])) / 1e9
+
+
+AGES_WINDOW_NS = 600_000_000_000  # event time per window of in-flight report ages
+
+
+class InflightDelay:
+    """How soon the job's instrumentation reports a call in flight: per host, the youngest age
+    (``sent_ns - start_ns``, one clock) of an in-flight record it sent, over a rotating window
+    of event time (the younger of the current and the previous window's).
+
+    A host whose agent reports calls blocked for ``T`` seconds never sends one younger than
+    ``T``; one that reports every call in flight at each flush sends some near 0. So a host
+    seen sending only calls older than ``a`` says: a call entered ``a`` before its envelope
+    would be in it. The job's delay is the largest of its hosts' (a host with a larger ``T``
+    must not be judged by another's). The hang detector's floor is at least this
+    (:meth:`failslow.detectors.hang.HangDetector.floor_of`): a rank absent from its host's
+    envelopes for less than this after its last completion may be inside a call not reported
+    yet. None until some host sent an in-flight record."""
+
+    def __init__(self, window_ns: int = AGES_WINDOW_NS) -> None:
+        self.window_ns = window_ns
+        self._cur: dict[int, int] = {}  # host id -> youngest age in the current window
+        self._prev: dict[int, int] = {}
+        self._window_start = 0
+
+    def note(self, host: np.ndarray, sent_ns: np.ndarray, start: np.ndarray,
+             end: np.ndarray) -> None:  # fmt: skip
+        """Records as sent (per record: its host id and its envelope's ``sent_ns``)."""
+        end = end.astype(np.int64, copy=False)
+        inside = end == NO_END
+        if not inside.any():
+            return
+        h, age = host[inside], sent_ns[inside] - start.astype(np.int64, copy=False)[inside]
+        ok = age >= 0  # (a start after its own host sealed the envelope: a bad record)
+        h, age = h[ok], age[ok]
+        if not h.size:
+            return
+        self._rotate(int(sent_ns.max()))
+        order = np.lexsort((age, h))
+        h, age = h[order], age[order]
+        first = np.ones(h.size, bool)
+        first[1:] = h[1:] != h[:-1]
+        for host_id, youngest in zip(h[first].tolist(), age[first].tolist(), strict=True):
+            self._cur[host_id] = min(self._cur.get(host_id, youngest), youngest)
+
+    def _rotate(self, now_ns: int) -> None:
+        if not self._window_start:
+            self._window_start = now_ns
+            return
+        passed = (now_ns - self._window_start) // self.window_ns
+        if passed <= 0:
+            return
+        self._prev = self._cur if passed == 1 else {}
+        self._cur = {}
+        self._window_start += passed * self.window_ns
+
+    def delay_s(self) -> float | None:
+        """The job's in-flight report delay in seconds (None: no in-flight record seen)."""
+        hosts = self._cur.keys() | self._prev.keys()
+        if not hosts:
+            return None
+        big = 1 << 62
+        return max(min(self._cur.get(h, big), self._prev.get(h, big)) for h in hosts) / 1e9

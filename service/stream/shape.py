@@ -168,4 +168,5 @@ def hang_snapshot(
         step_time_s=step_time_s,
         rank_last_end=last_end,
         rank_gap_s=gaps,
+        inflight_after_s=state.inflight_delay.delay_s(),
     )

@@ -71,6 +71,9 @@ def apply_v1(state: JobState, env: Envelope) -> ApplyResult:
     result.count(RecordKind.COLLECTIVE, len(comm_c), duplicates)
     if comm_c:
         n = len(comm_c)
+        starts, ends = np.array(start_c, np.int64), np.array(end_c, np.int64)
+        state.inflight_delay.note(np.full(n, topo.host_ids[env.host], np.int64),
+                                  np.full(n, env.sent_ns, np.int64), starts, ends)  # fmt: skip
         state.stage(
             {
                 "comm": np.array(comm_c, np.int64),
@@ -79,8 +82,8 @@ def apply_v1(state: JobState, env: Envelope) -> ApplyResult:
                 "slot": np.array(slot_c, np.int64),
                 "op": np.array(op_c, np.uint8),
                 "nbytes": np.array(bytes_c, np.int64),
-                "start": np.array(start_c, np.int64),
-                "end": np.array(end_c, np.int64),
+                "start": starts,
+                "end": ends,
                 "seen": np.full(n, state.watermark_ns, np.int64),
             }
         )

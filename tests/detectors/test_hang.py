@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from failslow.detectors.hang import BlockedCollective, HangDetector, HangSnapshot
 
 S = 1_000_000_000
@@ -185,3 +187,21 @@ def test_the_quiet_limit_stays_within_the_floor_and_the_full_timeout() -> None:
     assert HangDetector().analyse(gaps_snap(b, {1: NOW - 2 * S}, {1: 2.0})) is None
     c = blocked("tp", (0, 1), {0: NOW - 15 * S // 10})
     assert HangDetector().analyse(gaps_snap(c, {1: NOW - 9 * S // 10}, {1: 0.001})) is None
+
+
+def test_a_measured_in_flight_delay_raises_the_floor_never_lowers_it() -> None:
+    """1 completes a call every 20 ms and has been quiet 1.7 s; tp has waited 1.5 s. Hung with
+    the 1 s floor, and with a measured in-flight delay of 0.25 s (the floor stays 1 s: an
+    envelope may lack its processes' newest completions); not yet where the job's agents
+    report a call in flight only after 2 s: 1 may be inside a call not reported yet."""
+    a = blocked("tp", (0, 1), {0: NOW - 15 * S // 10})
+    base = gaps_snap(a, {1: NOW - 17 * S // 10}, {1: 0.02})
+    for delay in (None, 0.25):
+        f = HangDetector().analyse(replace(base, inflight_after_s=delay))
+        assert f is not None and f.roots == (1,) and f.detected_ns == NOW - S // 2
+    assert HangDetector().analyse(replace(base, inflight_after_s=2.0)) is None
+    later = {h: NOW + S for h in base.host_last_ns}  # a second later, heard from every host
+    f = HangDetector().analyse(replace(base, now_ns=NOW + S, host_last_ns=later,
+                                       inflight_after_s=2.0))  # fmt: skip
+    assert f is not None and f.roots == (1,)
+    assert f.evidence["blocked"][0]["timeout_s"] == 2.0  # type: ignore[index]

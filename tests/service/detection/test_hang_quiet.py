@@ -10,6 +10,7 @@ import pytest
 
 from failslow.harness.simulator import Fault, Layout, Scenario
 from failslow.harness.simulator.model import Workload
+from failslow.service.stream.quiet import InflightDelay
 from tests.simrun import run
 
 LONG = Workload(fwd_s=0.048, bwd_s=0.096, optimizer_s=0.08)
@@ -43,3 +44,23 @@ def test_a_3x_straggler_is_no_hang() -> None:
     r = run(scenario(Fault("slow_gpu", ONSET, factor=3.0, ranks=(10,)), ONSET + 12))
     assert not r.opened("hang"), r.opened("hang")
     assert [rank for rank, _ in r.opened("slow_gpu")] == [10]
+
+
+def test_late_in_flight_reports_raise_the_floor_and_blame_the_stopped_rank_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Instrumentation that reports a call in flight only after 3 s (ours: 0.25-1 s): ranks
+    that entered a call shortly before are not yet seen inside it. The delay measured from the
+    records (:class:`InflightDelay`) keeps them from being blamed; the configured 1 s floor
+    alone blamed four ranks waiting in the pipeline besides the stopped one."""
+    sc = Scenario(job="late-inflight", layout=L16, steps=45, seed=3, hang_tail_s=15.0,
+                  faults=(Fault("hang", 30, ranks=(10,)),), inflight_after_s=3.0)  # fmt: skip
+
+    def roots() -> list[list[int]]:
+        r = run(sc)
+        slot_rank = r.state.topology.slot_rank
+        return [sorted(slot_rank[s] for s in f.slots) for _, f in r.opened("hang")]
+
+    assert roots()[:1] == [[10]]
+    monkeypatch.setattr(InflightDelay, "delay_s", lambda self: None)  # the floor alone
+    assert roots()[0] != [10]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from failslow.service.stream.quiet import QuietGaps
+from failslow.service.stream.quiet import InflightDelay, QuietGaps
 from failslow.wire.v2 import NO_END
 
 MS = 1_000_000
@@ -36,3 +36,25 @@ def test_gaps_age_out_after_two_windows() -> None:
     assert q.longest_s(0) == 0.99  # 1110 -> 2100 ms, seen in this window
     q.note(*ends((0, 5000 * MS), (0, 5010 * MS)), 1)  # windows passed with nothing
     assert q.longest_s(0) == 2.88
+
+
+S = 1_000_000_000
+
+
+def test_inflight_delay_is_the_slowest_hosts_youngest_report() -> None:
+    d = InflightDelay(window_ns=600 * S)
+    assert d.delay_s() is None  # nothing in flight seen yet: the configured floor holds
+    t = 1_000 * S
+    host = np.array([0, 0, 1, 1, 1, 2], np.int64)
+    sent = np.full(6, t, np.int64)
+    start = t - np.array([3, 5, 1, 2, 9, 0], np.int64) * (S // 4)
+    end = np.array([NO_END, NO_END, NO_END, NO_END, NO_END, t], np.int64)  # host 2: completed
+    d.note(host, sent, start, end)
+    assert d.delay_s() == 0.75  # host 0 reports after 0.75 s at the earliest, host 1 0.25 s
+    # a record that started after its own envelope was sealed says nothing
+    d.note(np.array([0]), np.array([t]), np.array([t + S]), np.array([NO_END]))
+    assert d.delay_s() == 0.75
+    # two windows later host 0's reports are forgotten: host 1's younger ones decide
+    later = t + 1_300 * S
+    d.note(np.array([1]), np.array([later]), np.array([later - S // 2]), np.array([NO_END]))
+    assert d.delay_s() == 0.5
