@@ -89,15 +89,16 @@ AGES_WINDOW_NS = 600_000_000_000  # event time per window of in-flight report ag
 
 
 class InflightDelay:
-    """How soon the job's instrumentation reports a call in flight: per host, the youngest age
+    """How soon the job's instrumentation reports a call in flight: the youngest age
     (``sent_ns - start_ns``, one clock) of an in-flight record it sent, over a rotating window
     of event time (the younger of the current and the previous window's).
 
     A host whose agent reports calls blocked for ``T`` seconds never sends one younger than
     ``T``; one that reports every call in flight at each flush sends some near 0. So a host
     seen sending only calls older than ``a`` says: a call entered ``a`` before its envelope
-    would be in it. The job's delay is the largest of its hosts' (a host with a larger ``T``
-    must not be judged by another's). The hang detector's floor is at least this
+    would be in it. The job's delay is the youngest of all its hosts' (one host's few reports
+    overstate its ``T`` by where in its flush interval they fell: with one report, by up to the
+    interval; the job's agents share one setting). The hang detector's floor is at least this
     (:meth:`failslow.detectors.hang.HangDetector.floor_of`): a rank absent from its host's
     envelopes for less than this after its last completion may be inside a call not reported
     yet. None until some host sent an in-flight record."""
@@ -141,8 +142,5 @@ class InflightDelay:
 
     def delay_s(self) -> float | None:
         """The job's in-flight report delay in seconds (None: no in-flight record seen)."""
-        hosts = self._cur.keys() | self._prev.keys()
-        if not hosts:
-            return None
-        big = 1 << 62
-        return max(min(self._cur.get(h, big), self._prev.get(h, big)) for h in hosts) / 1e9
+        ages = [*self._cur.values(), *self._prev.values()]
+        return min(ages) / 1e9 if ages else None
