@@ -18,6 +18,7 @@ Deadlines are wall-clock nanoseconds (replicas share no monotonic clock). Bounde
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -37,11 +38,17 @@ from failslow.service.fleet.qualify import (
 )
 from failslow.service.ids import new_id
 
+LIVE_TTL_S = 0.5
+
 
 class Qualifier:
     def __init__(self, sessions: sessionmaker[Session], norms: Norms | None = None,
                  keep_runs: int = 1000) -> None:  # fmt: skip
         self.sessions, self.norms, self.keep_runs = sessions, norms or Norms(), keep_runs
+        # the hosts of running runs, read at most every LIVE_TTL_S: every node agent polls
+        # every second, and a poll for a host in no run must not cost a database write
+        self._live: tuple[float, frozenset[str]] = (0.0, frozenset())
+        self._live_lock = threading.Lock()
 
     def start(self, hosts: list[str], *, timeout_s: float, nbytes: int, iterations: int,
               standing: dict[str, list[str]]) -> str:  # fmt: skip
@@ -59,10 +66,29 @@ class Qualifier:
                                handed=False) for kind, h, peer in ring(hosts))  # fmt: skip
             s.flush()
             self._prune(s)
+        with self._live_lock:
+            self._live = (0.0, frozenset())  # committed: read again at the next poll
         return run_id
+
+    def live_hosts(self) -> frozenset[str]:
+        """Hosts in a running run, as read at most ``LIVE_TTL_S`` ago (a run started on any
+        replica is seen by the polls here within that)."""
+        with self._live_lock:
+            at, hosts = self._live
+            if time.monotonic() - at < LIVE_TTL_S:
+                return hosts
+            with self.sessions() as s:
+                live = select(QualRun.id).where(QualRun.state == RunState.RUNNING,
+                                                QualRun.deadline_ns > time.time_ns())  # fmt: skip
+                hosts = frozenset(s.scalars(select(QualHost.host).distinct()
+                                            .where(QualHost.run_id.in_(live))))  # fmt: skip
+            self._live = (time.monotonic(), hosts)
+            return hosts
 
     def poll(self, host: str, addr: str | None) -> list[dict[str, Any]]:
         """The checks this host's agent should run now (its echo endpoint noted)."""
+        if host not in self.live_hosts():
+            return []
         now = time.time_ns()
         out: list[dict[str, Any]] = []
         with session_scope(self.sessions) as s:

@@ -12,7 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import event, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from failslow.agents.qualify import QualifyWorker, compute_check
@@ -117,6 +117,22 @@ def test_runs_and_norms_stay_bounded(sessions: sessionmaker[Session]) -> None:
     with sessions() as s:
         assert s.scalar(select(func.count()).select_from(QualTask)) == 2
         assert sorted(s.scalars(select(QualNorm.value))) == pytest.approx([0.21, 0.22, 0.23])
+
+
+def test_idle_agents_polling_cost_one_read_per_interval(sessions: sessionmaker[Session]) -> None:
+    """Every node agent polls every second: a host in no running run costs no query of its
+    own, and no write (the running runs' hosts are read at most every LIVE_TTL_S)."""
+    q = Qualifier(sessions)
+    statements: list[str] = []
+    engine = sessions.kw["bind"]
+    listen = event.listens_for(engine, "before_cursor_execute")
+    listen(lambda conn, cur, sql, *a: statements.append(sql.split()[0].upper()))
+    for i in range(200):
+        assert q.poll(f"idle-{i}", "10.0.0.9:7000") == []
+    assert statements == ["SELECT"], statements
+    run = q.start(["busy"], timeout_s=30, nbytes=1 << 20, iterations=1, standing={})
+    assert [t["run"] for t in q.poll("busy", None)] == [run]  # a new run is seen at once here
+    assert q.poll("idle-0", None) == []
 
 
 @pytest.mark.both_databases
