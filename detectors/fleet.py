@@ -20,6 +20,12 @@ a lot: the posterior sd falls as ``1/sqrt(sum of weights)``.
 A part is **slow** when the lower end of its credible interval (``mean - z sd``) is above
 ``log(flag_ratio)``: the fleet is confident it is at least that much slower than its peers.
 
+**Link speed.** A NIC's readings are link checks (qualification runs, probe campaigns): per
+check, ``log(reference / best)``, ``best`` the fastest pair through its host
+(:func:`link_readings`). They are judged by the same model with :meth:`FleetModel.links`'
+settings: one check is one reading, a wide prior and a high floor of the spread (link speeds
+move far more than compute times), slow above 1.2x after a few checks.
+
 **Incidents.** Incidents naming a part (a slow link on a NIC, a hang on a host) count with a
 weight that halves every ``half_life_s`` of event time; the part's rate per observed hour is
 shrunk towards the fleet's rate with ``prior_hours`` of pseudo-exposure. A part is a **repeat
@@ -29,7 +35,8 @@ and then ran clean for weeks decays back to the fleet.
 
 **Cost.** The job time a part cost: incidents' lost time (duration x the share of the step time
 the incident's subject took) plus, for a slow part, its excess ``1 - 1/slowness`` of the time it
-was observed in jobs. Offenders are ranked by it.
+was observed in jobs (not for a NIC slow in its link checks: a link 30% slower does not make a
+job 30% slower; its incidents price it). Offenders are ranked by it.
 
 Pure functions of numbers: no clock, no I/O.
 """
