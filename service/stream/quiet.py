@@ -24,15 +24,31 @@ WINDOW_NS = 60_000_000_000  # event time per window
 MIN_GAPS = 20  # gaps a rank needs before its longest one is trusted
 
 
+class Windows:
+    """Rotating windows of event time: how many ended since the last look."""
+
+    def __init__(self, window_ns: int) -> None:
+        self.window_ns = window_ns
+        self.start_ns = 0  # of the current window (0: nothing seen yet)
+
+    def passed(self, now_ns: int) -> int:
+        """Windows ended by ``now_ns`` (the current one then starts where the last ended)."""
+        if not self.start_ns:
+            self.start_ns = now_ns
+            return 0
+        n = max(0, (now_ns - self.start_ns) // self.window_ns)
+        self.start_ns += n * self.window_ns
+        return n
+
+
 class QuietGaps:
     def __init__(self, window_ns: int = WINDOW_NS, min_gaps: int = MIN_GAPS) -> None:
-        self.window_ns = window_ns
+        self.windows = Windows(window_ns)
         self.min_gaps = min_gaps
         self.last = np.zeros(0, np.int64)  # per slot: end of its newest completed call
         self._cur = np.zeros(0, np.int64)  # per slot: longest gap in the current window
         self._prev = np.zeros(0, np.int64)  # ... and in the previous one
         self._count = np.zeros(0, np.int64)  # per slot: gaps seen
-        self._window_start = 0
 
     def _grow(self, n: int) -> None:
         if self.last.size >= n:
@@ -68,15 +84,10 @@ class QuietGaps:
         self.last[ranks] = np.maximum(self.last[ranks], e[tails])
 
     def _rotate(self, now_ns: int) -> None:
-        if not self._window_start:
-            self._window_start = now_ns
-            return
-        passed = (now_ns - self._window_start) // self.window_ns
-        if passed <= 0:
-            return
-        self._prev = self._cur if passed == 1 else np.zeros_like(self._cur)
-        self._cur = np.zeros_like(self._prev)
-        self._window_start += passed * self.window_ns
+        passed = self.windows.passed(now_ns)
+        if passed:
+            self._prev = self._cur if passed == 1 else np.zeros_like(self._cur)
+            self._cur = np.zeros_like(self._prev)
 
     def longest_s(self, slot: int) -> float:
         """The slot's longest recent gap in seconds (NaN: too few gaps seen to say)."""
@@ -90,57 +101,41 @@ AGES_WINDOW_NS = 600_000_000_000  # event time per window of in-flight report ag
 
 class InflightDelay:
     """How soon the job's instrumentation reports a call in flight: the youngest age
-    (``sent_ns - start_ns``, one clock) of an in-flight record it sent, over a rotating window
-    of event time (the younger of the current and the previous window's).
+    (``sent_ns - start_ns``, one host's clock) of an in-flight record any host sent, over a
+    rotating window of event time (the younger of the current and the previous window's).
 
     A host whose agent reports calls blocked for ``T`` seconds never sends one younger than
-    ``T``; one that reports every call in flight at each flush sends some near 0. So a host
-    seen sending only calls older than ``a`` says: a call entered ``a`` before its envelope
-    would be in it. The job's delay is the youngest of all its hosts' (one host's few reports
-    overstate its ``T`` by where in its flush interval they fell: with one report, by up to the
-    interval; the job's agents share one setting). The hang detector's floor is at least this
+    ``T``; one that reports every call in flight at each flush sends some near 0. So hosts seen
+    sending only calls older than ``a`` say: a call entered ``a`` before an envelope would be in
+    it. The youngest of all hosts' (one host's few reports overstate its ``T`` by where in its
+    flush interval they fell: with one report, by up to the interval; the job's agents share one
+    setting). The hang detector's floor is at least this
     (:meth:`failslow.detectors.hang.HangDetector.floor_of`): a rank absent from its host's
     envelopes for less than this after its last completion may be inside a call not reported
     yet. None until some host sent an in-flight record."""
 
-    def __init__(self, window_ns: int = AGES_WINDOW_NS) -> None:
-        self.window_ns = window_ns
-        self._cur: dict[int, int] = {}  # host id -> youngest age in the current window
-        self._prev: dict[int, int] = {}
-        self._window_start = 0
+    NONE = 1 << 62  # no in-flight record in the window
 
-    def note(self, host: np.ndarray, sent_ns: np.ndarray, start: np.ndarray,
-             end: np.ndarray) -> None:  # fmt: skip
-        """Records as sent (per record: its host id and its envelope's ``sent_ns``)."""
-        end = end.astype(np.int64, copy=False)
-        inside = end == NO_END
+    def __init__(self, window_ns: int = AGES_WINDOW_NS) -> None:
+        self.windows = Windows(window_ns)
+        self._cur = self._prev = self.NONE  # youngest age in the current / previous window
+
+    def note(self, sent_ns: np.ndarray | int, start: np.ndarray, end: np.ndarray) -> None:
+        """Collective records as sent, with their envelopes' ``sent_ns`` (one, or per record)."""
+        inside = end.astype(np.int64, copy=False) == NO_END
         if not inside.any():
             return
-        h, age = host[inside], sent_ns[inside] - start.astype(np.int64, copy=False)[inside]
-        ok = age >= 0  # (a start after its own host sealed the envelope: a bad record)
-        h, age = h[ok], age[ok]
-        if not h.size:
+        sent = np.broadcast_to(np.asarray(sent_ns, np.int64), inside.shape)[inside]
+        age = sent - start.astype(np.int64, copy=False)[inside]
+        age = age[age >= 0]  # (a start after its own host sealed the envelope: a bad record)
+        if not age.size:
             return
-        self._rotate(int(sent_ns.max()))
-        order = np.lexsort((age, h))
-        h, age = h[order], age[order]
-        first = np.ones(h.size, bool)
-        first[1:] = h[1:] != h[:-1]
-        for host_id, youngest in zip(h[first].tolist(), age[first].tolist(), strict=True):
-            self._cur[host_id] = min(self._cur.get(host_id, youngest), youngest)
-
-    def _rotate(self, now_ns: int) -> None:
-        if not self._window_start:
-            self._window_start = now_ns
-            return
-        passed = (now_ns - self._window_start) // self.window_ns
-        if passed <= 0:
-            return
-        self._prev = self._cur if passed == 1 else {}
-        self._cur = {}
-        self._window_start += passed * self.window_ns
+        passed = self.windows.passed(int(np.max(sent_ns)))
+        if passed:
+            self._prev, self._cur = self._cur if passed == 1 else self.NONE, self.NONE
+        self._cur = min(self._cur, int(age.min()))
 
     def delay_s(self) -> float | None:
         """The job's in-flight report delay in seconds (None: no in-flight record seen)."""
-        ages = [*self._cur.values(), *self._prev.values()]
-        return min(ages) / 1e9 if ages else None
+        youngest = min(self._cur, self._prev)
+        return None if youngest == self.NONE else youngest / 1e9

@@ -72,8 +72,7 @@ def apply_v1(state: JobState, env: Envelope) -> ApplyResult:
     if comm_c:
         n = len(comm_c)
         starts, ends = np.array(start_c, np.int64), np.array(end_c, np.int64)
-        state.inflight_delay.note(np.full(n, topo.host_ids[env.host], np.int64),
-                                  np.full(n, env.sent_ns, np.int64), starts, ends)  # fmt: skip
+        state.inflight_delay.note(env.sent_ns, starts, ends)
         state.stage(
             {
                 "comm": np.array(comm_c, np.int64),

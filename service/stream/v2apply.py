@@ -105,10 +105,8 @@ def _apply_run(state: JobState, run: list[_Claimed]) -> None:
     reason, comm, slot, pos = v2check.reasons(c, ccounts, tables, hosts, topo.slot_host, jit=jit)
     env = _envelope_of(ccounts)
     seen = np.repeat(np.array([x.seen_ns for x in run], np.int64), ccounts)
-    state.inflight_delay.note(np.repeat(np.array(hosts, np.int64), ccounts),
-                              np.repeat(np.array([x.header["sent_ns"] for x in run], np.int64),
-                                        ccounts),
-                              c["start_ns"], c["end_ns"])  # fmt: skip
+    sent = np.repeat(np.array([x.header["sent_ns"] for x in run], np.int64), ccounts)
+    state.inflight_delay.note(sent, c["start_ns"], c["end_ns"])
     if reason.any():
         _reject(run, reason, v2check.RULES, "collectives", ccounts)
         ok = reason == 0

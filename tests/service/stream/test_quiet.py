@@ -45,16 +45,17 @@ def test_inflight_delay_is_the_youngest_report_of_any_host() -> None:
     d = InflightDelay(window_ns=600 * S)
     assert d.delay_s() is None  # nothing in flight seen yet: the configured floor holds
     t = 1_000 * S
-    host = np.array([0, 0, 1, 1, 1, 2], np.int64)
-    sent = np.full(6, t, np.int64)
-    start = t - np.array([3, 5, 1, 2, 9, 0], np.int64) * (S // 4)
-    end = np.array([NO_END, NO_END, NO_END, NO_END, NO_END, t], np.int64)  # host 2: completed
-    d.note(host, sent, start, end)
-    assert d.delay_s() == 0.25  # host 1's youngest (host 0's: 0.75 s, where its flush fell)
+    # one host's envelope: in flight for 0.75 and 1.25 s, and a completed call (not counted)
+    d.note(t, t - np.array([3, 5, 0], np.int64) * (S // 4), np.array([NO_END, NO_END, t]))
+    assert d.delay_s() == 0.75
+    # another host's (records of two envelopes, each with its own sent_ns): 0.25 s the youngest
+    sent = np.array([t, t, t + S], np.int64)
+    d.note(sent, sent - np.array([1, 2, 9], np.int64) * (S // 4), np.full(3, NO_END))
+    assert d.delay_s() == 0.25
     # a record that started after its own envelope was sealed says nothing
-    d.note(np.array([0]), np.array([t]), np.array([t + S]), np.array([NO_END]))
+    d.note(t, np.array([t + S]), np.array([NO_END]))
     assert d.delay_s() == 0.25
     # two windows later what was seen then is forgotten: a longer delay now decides
     later = t + 1_300 * S
-    d.note(np.array([1]), np.array([later]), np.array([later - 3 * S]), np.array([NO_END]))
+    d.note(later, np.array([later - 3 * S]), np.array([NO_END]))
     assert d.delay_s() == 3.0
