@@ -41,6 +41,7 @@ from failslow.service.fleet.models import (
     FleetPart,
     FleetReading,
     HostInventory,
+    QualHost,
     QualRun,
     in_chunks,
 )
@@ -264,24 +265,28 @@ class FleetLedger:
         """Qualification runs' link checks: a reading of each host's NIC (where two pairs
         measured it), and for a host found no-go for its link a mark on its network part, like
         a slow-link incident's (it costs no job time: the host took no job)."""
+        runs: dict[str, list[QualHost]] = {}
         for q in self.qualifier.untaken(s):
-            if not self.qualifier.claim(s, q):  # another replica's flush took it
-                continue
-            run = s.get(QualRun, q.run_id)
+            if self.qualifier.claim(s, q):  # (else another replica's flush took it)
+                runs.setdefault(q.run_id, []).append(q)
+        for run_id, hosts in runs.items():
+            run = s.get(QualRun, run_id)
             at_ns = (run.done_ns if run is not None else None) or time.time_ns()
-            if q.link_pairs >= 2 and q.link_norm and q.link_bps:
-                self._links(s, q.run_id, {q.host: math.log(q.link_norm / q.link_bps)}, at_ns,
-                            touched, count_job=False)  # fmt: skip
-            part = self._nic_of(s, q.host)
-            if q.slow_link is None or s.get(FleetMark, (q.run_id, part.part_id)) is not None:
-                continue
-            row = ensure_part(s, part, at_ns)
-            mark = FleetMark(incident_id=q.run_id, part_id=part.part_id, job_id=q.run_id,
-                             kind=IncidentKind.SLOW_LINK, severity=Severity.MAJOR, at_ns=at_ns,
-                             lost_s=0.0, hard=False, final=True)  # fmt: skip
-            s.add(mark)
-            row.incidents_total += 1
-            fresh.setdefault(part.part_id, []).append(mark)
+            readings = {q.host: math.log(q.link_norm / q.link_bps) for q in hosts
+                        if q.link_pairs >= 2 and q.link_norm and q.link_bps}  # fmt: skip
+            if readings:
+                self._links(s, run_id, readings, at_ns, touched, count_job=False)
+            for q in hosts:
+                part = self._nic_of(s, q.host)
+                if q.slow_link is None or s.get(FleetMark, (run_id, part.part_id)) is not None:
+                    continue
+                row = ensure_part(s, part, at_ns)
+                mark = FleetMark(incident_id=run_id, part_id=part.part_id, job_id=run_id,
+                                 kind=IncidentKind.SLOW_LINK, severity=Severity.MAJOR,
+                                 at_ns=at_ns, lost_s=0.0, hard=False, final=True)  # fmt: skip
+                s.add(mark)
+                row.incidents_total += 1
+                fresh.setdefault(part.part_id, []).append(mark)
 
     def _links(self, s: Session, job: str, readings: dict[str, float], at_ns: int,
                touched: dict[str, float], *, count_job: bool = True) -> None:  # fmt: skip
