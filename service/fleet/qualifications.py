@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import Select, delete, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from failslow.service.db import session_scope
@@ -78,10 +78,8 @@ class Qualifier:
             if time.monotonic() - at < LIVE_TTL_S:
                 return hosts
             with self.sessions() as s:
-                live = select(QualRun.id).where(QualRun.state == RunState.RUNNING,
-                                                QualRun.deadline_ns > time.time_ns())  # fmt: skip
                 hosts = frozenset(s.scalars(select(QualHost.host).distinct()
-                                            .where(QualHost.run_id.in_(live))))  # fmt: skip
+                                            .where(QualHost.run_id.in_(_live(time.time_ns())))))
             self._live = (time.monotonic(), hosts)
             return hosts
 
@@ -89,11 +87,9 @@ class Qualifier:
         """The checks this host's agent should run now (its echo endpoint noted)."""
         if host not in self.live_hosts():
             return []
-        now = time.time_ns()
         out: list[dict[str, Any]] = []
         with session_scope(self.sessions) as s:
-            live = select(QualRun.id).where(QualRun.state == RunState.RUNNING,
-                                            QualRun.deadline_ns > now)  # fmt: skip
+            live = _live(time.time_ns())
             seen = {QualHost.seen: True} | ({QualHost.addr: addr} if addr else {})
             s.execute(update(QualHost).where(QualHost.host == host, QualHost.run_id.in_(live))
                       .values(seen).execution_options(synchronize_session=False))  # fmt: skip
@@ -232,6 +228,12 @@ class Qualifier:
             s.execute(delete(model).where(model.run_id.in_(old))
                       .execution_options(synchronize_session=False))  # fmt: skip
         s.execute(delete(QualRun).where(QualRun.created_ns <= cut))
+
+
+def _live(now_ns: int) -> Select[tuple[str]]:
+    """The ids of runs still running and within their deadline."""
+    return select(QualRun.id).where(QualRun.state == RunState.RUNNING,
+                                    QualRun.deadline_ns > now_ns)  # fmt: skip
 
 
 __all__ = ["Qualifier"]
