@@ -25,10 +25,12 @@ def start_qualify(args: argparse.Namespace, host: str) -> Any:
     """The node's qualification worker (agents/qualify.py), with ``--qualify-listen``."""
     if not args.qualify_listen:
         return None
+    from failslow.agents.compute import ComputeDevice
     from failslow.agents.qualify import QualifyWorker
 
     return QualifyWorker(service=args.service, host=host, listen=args.qualify_listen,
-                         token=args.token or os.environ.get("FAILSLOW_TOKEN")).start()  # fmt: skip
+                         token=args.token or os.environ.get("FAILSLOW_TOKEN"),
+                         compute=ComputeDevice(args.qualify_compute)).start()  # fmt: skip
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
@@ -139,6 +141,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from failslow.agents.compute import ComputeDevice  # (no numpy, no torch: an enum)
+
     p = sub.add_parser("agent", help="run a node agent")
     p.add_argument("--service", required=True, help="service URL, e.g. http://10.0.0.5:8000")
     p.add_argument(
@@ -221,6 +225,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--qualify-listen",
         help="ADDR:PORT for qualification link checks (`failslow qualify`); without it this "
         "node answers no qualification",
+    )
+    p.add_argument(
+        "--qualify-compute",
+        choices=[d.value for d in ComputeDevice],
+        default=ComputeDevice.AUTO.value,
+        help="where the qualification compute check runs: auto (default) on the GPUs where "
+        "PyTorch sees CUDA devices, else on the CPU",
     )
     p.add_argument(
         "--no-hardware-report",

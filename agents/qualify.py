@@ -1,10 +1,9 @@
 """The node's side of qualification (docs/fleet.md): poll ``/v1/fleet/agents/{host}/tasks``, run
 the checks the service hands out, report them.
 
-- ``compute``: a fixed loop of 512 x 512 float32 matrix multiplies (numpy, on the CPU; on a GPU
-  node the same check with the job's framework is future work), timed in ``ROUNDS`` rounds; the
-  fastest round, scaled to the whole loop, is the result: another process's burst of CPU on the
-  node lengthens some rounds, a slow part lengthens every one.
+- ``compute``: a fixed loop of matrix multiplies on every GPU at once (PyTorch, CUDA events) or,
+  on a node without them, on the CPU (numpy): :mod:`failslow.agents.compute`. Each GPU is
+  reported with its model and UUID; the service judges it against its model's norm.
 - ``link``: the probes' echo test (:func:`failslow.agents.probe.measure`) to a peer's endpoint;
   this node answers its peers' tests on ``listen``.
 
@@ -19,41 +18,21 @@ import logging
 import os
 import signal
 import threading
-import time
 from typing import Any
 
 import httpx
-import numpy as np
 
+from failslow.agents.compute import ComputeDevice, compute_check
 from failslow.agents.probe import EchoServer, measure
 
 log = logging.getLogger(__name__)
 
-SIZE = 512
-ROUNDS = 5
-
-
-def compute_check(iterations: int) -> float:
-    """Seconds for ``iterations`` fixed matrix multiplies (the same work on every node): the
-    fastest of up to ``ROUNDS`` rounds, per multiply, times ``iterations``."""
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((SIZE, SIZE), dtype=np.float32)
-    b = rng.standard_normal((SIZE, SIZE), dtype=np.float32)
-    rounds = max(1, min(ROUNDS, iterations))
-    per, best = iterations // rounds, float("inf")
-    for i in range(rounds):
-        n = per + (iterations % rounds if i == rounds - 1 else 0)
-        t0 = time.perf_counter()
-        for _ in range(n):
-            a = np.tanh(a @ b)  # tanh keeps the values bounded: the same work each time
-        best = min(best, (time.perf_counter() - t0) / n)
-    return best * iterations
-
-
 class QualifyWorker:
     def __init__(self, *, service: str, host: str, listen: str, advertise: str | None = None,
-                 token: str | None = None, poll_s: float = 1.0) -> None:  # fmt: skip
+                 token: str | None = None, poll_s: float = 1.0,
+                 compute: ComputeDevice = ComputeDevice.AUTO) -> None:  # fmt: skip
         self.service, self.host = service.rstrip("/"), host
+        self.compute = compute
         self.server = EchoServer(listen)
         self.advertise = advertise or self.server.addr
         self.poll_s = poll_s
@@ -85,10 +64,10 @@ class QualifyWorker:
             result: dict[str, Any]
             try:
                 if task["kind"] == "compute":
-                    result = {"seconds": compute_check(int(task["iterations"]))}
+                    result = compute_check(int(task["iterations"]), self.compute)
                 else:
                     result = measure(task["peer_addr"], int(task["bytes"]))
-            except (OSError, ValueError) as exc:
+            except (OSError, ValueError, RuntimeError) as exc:  # (CUDA errors are RuntimeError)
                 result = {"error": f"{type(exc).__name__}: {exc}"[:500]}
             self.http.post(f"{self.service}/v1/fleet/qualifications/{task['run']}/tasks/"
                            f"{task['id']}", json=result)  # fmt: skip
@@ -111,11 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--listen", required=True, help="ADDR:PORT for peers' link checks")
     p.add_argument("--advertise", help="ADDR:PORT peers should connect to, if different")
     p.add_argument("--token", default=os.environ.get("FAILSLOW_TOKEN"))
+    p.add_argument("--compute", choices=list(ComputeDevice), default=ComputeDevice.AUTO,
+                   help="where the compute check runs (auto: the GPUs where PyTorch sees them)")
     args = p.parse_args(argv)
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s qualify: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     worker = QualifyWorker(service=args.service, host=args.host, listen=args.listen,
-                           advertise=args.advertise, token=args.token).start()  # fmt: skip
+                           advertise=args.advertise, token=args.token,
+                           compute=ComputeDevice(args.compute)).start()  # fmt: skip
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

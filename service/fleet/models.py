@@ -153,20 +153,23 @@ class QualTask(Base):
     kind: Mapped[str] = mapped_column(String(8))  # TaskKind
     peer: Mapped[str | None] = mapped_column(String(128), nullable=True)
     handed: Mapped[bool] = mapped_column(Boolean, default=False)
-    # {"seconds"} or {"bps", "up_bps", "down_bps"} or {"error"}
+    # {"seconds", "device", "gpus"} or {"bps", "up_bps", "down_bps"} or {"error"}
     result: Mapped[dict[str, object] | None] = mapped_column(JSON, nullable=True)
 
     __table_args__ = (Index("ix_fleet_qualification_tasks_run", "run_id", "host"),)
 
 
 class QualNorm(Base):
-    """One passing host's measurement, for the fleet norm (the newest ``Norms.keep`` per kind)."""
+    """One passing host's measurement (one per GPU on GPU nodes), for the fleet norm: the newest
+    ``Norms.keep`` per kind and model."""
 
     __tablename__ = "fleet_qualification_norms"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     kind: Mapped[str] = mapped_column(String(8))  # TaskKind
+    # what was measured ("cuda: <GPU model>", "cpu: <CPU model>"; "" for links and unnamed)
+    model: Mapped[str] = mapped_column(String(200), default="", server_default="")
     value: Mapped[float] = mapped_column(Float)
     at_ns: Mapped[int] = mapped_column(BigInteger)
 
-    __table_args__ = (Index("ix_fleet_qualification_norms_kind", "kind", "id"),)
+    __table_args__ = (Index("ix_fleet_qualification_norms_kind_model", "kind", "model", "id"),)

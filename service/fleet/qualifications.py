@@ -13,7 +13,7 @@ What replicas may do at once, and how it stays right:
   lock instead of failing on a stale read snapshot).
 
 Deadlines are wall-clock nanoseconds (replicas share no monotonic clock). Bounded: the newest
-``keep_runs`` runs and ``Norms.keep`` passing measurements per kind are kept.
+``keep_runs`` runs and ``Norms.keep`` passing measurements per kind and model are kept.
 """
 
 from __future__ import annotations
@@ -29,11 +29,13 @@ from failslow.service.db import session_scope
 from failslow.service.fleet.models import QualHost, QualNorm, QualRun, QualTask
 from failslow.service.fleet.qualify import (
     Check,
+    NormKey,
     Norms,
     RunState,
     TaskKind,
     Verdict,
     judge,
+    measures,
     ring,
 )
 from failslow.service.ids import new_id
@@ -147,10 +149,14 @@ class Qualifier:
             assert run is not None
             hosts = list(s.scalars(select(QualHost).where(QualHost.run_id == run_id)
                                    .order_by(QualHost.position)))  # fmt: skip
+            gpus = {t.host: t.result["gpus"] for t in s.scalars(select(QualTask).where(
+                QualTask.run_id == run_id, QualTask.kind == TaskKind.COMPUTE))
+                if t.result and t.result.get("gpus")}  # fmt: skip
         done = run.state == RunState.DONE
         rows = [{"host": h.host, "verdict": h.verdict if done else Verdict.PENDING,
                  "reasons": list(h.reasons) if done else [],
-                 **({"compute_s": h.compute_s, "link_bps": h.link_bps} if done else {})}
+                 **({"compute_s": h.compute_s, "link_bps": h.link_bps} if done else {}),
+                 **({"gpus": gpus[h.host]} if done and h.host in gpus else {})}
                 for h in hosts]  # fmt: skip
 
         def having(v: Verdict) -> list[str]:
@@ -190,7 +196,10 @@ class Qualifier:
                                    .order_by(QualHost.position)))  # fmt: skip
             checks = [Check(t.host, TaskKind(t.kind), t.peer, t.result) for t in s.scalars(
                 select(QualTask).where(QualTask.run_id == run_id))]  # fmt: skip
-            history = {k: self._history(s, k) for k in TaskKind}
+            keys = {(TaskKind.LINK, "")} | {(TaskKind.COMPUTE, m.device) for c in checks
+                                             if c.kind == TaskKind.COMPUTE and c.result
+                                             for m in measures(c.result)}  # fmt: skip
+            history = {k: self._history(s, k) for k in keys}
             verdicts = judge([h.host for h in hosts], checks, seen={h.host for h in hosts
                                                                     if h.seen},
                              standing={h.host: list(h.standing) for h in hosts},
@@ -203,18 +212,23 @@ class Qualifier:
                 h.link_norm, h.link_pairs = v.link_norm, v.link_pairs
                 if v.verdict != Verdict.GO:
                     continue
-                for kind, value in ((TaskKind.COMPUTE, v.compute_s), (TaskKind.LINK, v.link_bps)):
-                    if value is not None:
-                        s.add(QualNorm(kind=kind, value=value, at_ns=now))
+                entries = [(TaskKind.COMPUTE, m.device, m.seconds) for m in v.compute]
+                if v.link_bps is not None:
+                    entries.append((TaskKind.LINK, "", v.link_bps))
+                for kind, model, value in entries:
+                    s.add(QualNorm(kind=kind, model=model, value=value, at_ns=now))
             s.flush()
-            for kind in TaskKind:
-                floor = s.scalar(select(QualNorm.id).where(QualNorm.kind == kind)
-                                 .order_by(QualNorm.id.desc()).offset(self.norms.keep).limit(1))
+            for kind, model in keys:
+                of = (QualNorm.kind == kind) & (QualNorm.model == model)
+                floor = s.scalar(select(QualNorm.id).where(of).order_by(QualNorm.id.desc())
+                                 .offset(self.norms.keep).limit(1))  # fmt: skip
                 if floor is not None:
-                    s.execute(delete(QualNorm).where(QualNorm.kind == kind, QualNorm.id <= floor))
+                    s.execute(delete(QualNorm).where(of, QualNorm.id <= floor))
 
-    def _history(self, s: Session, kind: TaskKind) -> list[float]:
-        return list(s.scalars(select(QualNorm.value).where(QualNorm.kind == kind)
+    def _history(self, s: Session, key: NormKey) -> list[float]:
+        kind, model = key
+        return list(s.scalars(select(QualNorm.value).where(QualNorm.kind == kind,
+                                                           QualNorm.model == model)
                               .order_by(QualNorm.id.desc()).limit(self.norms.keep)))  # fmt: skip
 
     def _prune(self, s: Session) -> None:

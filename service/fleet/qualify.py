@@ -8,7 +8,10 @@ tasks in a ring (host i measures the path to host i+1 with the agents' echo test
 host is in two pairs: a host with a slow NIC or cable makes both its pairs slow, a healthy host
 at most one. A host's link speed is the better of its pairs; it is no-go when that is below
 ``link_ratio`` x the norm (the median of the hosts' link speeds in this run and recent
-passing ones), or its compute is above ``compute_ratio`` x the norm. Two hosts make one pair: a
+passing ones), or its compute is above ``compute_ratio`` x the norm. Compute is measured per
+device (each GPU on a GPU node, the CPU elsewhere: agents/compute.py) and each measurement is
+judged against the norm of its own model only (an A100 is not a slow H100), so a host is no-go
+for its one slow GPU, named by index and UUID. Two hosts make one pair: a
 slow one names both ends (said so). A host already failed or suspect in the ledger, or with a
 flagged GPU or NIC, is no-go whatever it measures; one whose agent does not answer within the
 timeout is no-go. A host found no-go for its link is handed to the fleet ledger: a mark on its
@@ -40,6 +43,38 @@ class RunState(StrEnum):
     DONE = "done"
 
 
+# what a norm is kept per: the kind and, for compute, the model measured ("" for link checks
+# and for compute results of agents that did not name their device)
+NormKey = tuple[TaskKind, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Measure:
+    """One compute measurement: a GPU's, or a CPU node's."""
+
+    device: str  # "cuda: <model>", "cpu: <model>"; "" unnamed
+    seconds: float
+    gpu: int | None = None  # the GPU's index on its host
+    uuid: str | None = None
+
+    @property
+    def what(self) -> str:
+        if self.gpu is None:
+            return "compute"
+        return f"GPU {self.gpu}" + (f" ({self.uuid})" if self.uuid else "") + " compute"
+
+
+def measures(result: Mapping[str, Any]) -> list[Measure]:
+    """A compute task's measurements: each GPU's where it reported them, else the host's."""
+    gpus = result.get("gpus")
+    if gpus:
+        return [Measure(str(g.get("device") or result.get("device") or ""), float(g["seconds"]),
+                        int(g["index"]), g.get("uuid")) for g in gpus]  # fmt: skip
+    if "seconds" not in result:
+        return []
+    return [Measure(str(result.get("device") or ""), float(result["seconds"]))]
+
+
 @dataclass(frozen=True)
 class Norms:
     link_ratio: float = 0.5
@@ -66,6 +101,7 @@ class HostVerdict:
     slow_link: str | None  # the reason, when it is no-go for its link
     link_norm: float | None = None  # the norm its link was judged against
     link_pairs: int = 0  # its pairs measured (two or more: its link speed is its NIC's)
+    compute: tuple[Measure, ...] = ()  # what its compute check measured (per GPU on GPUs)
 
 
 def ring(hosts: Sequence[str]) -> list[tuple[TaskKind, str, str | None]]:
@@ -80,17 +116,20 @@ def ring(hosts: Sequence[str]) -> list[tuple[TaskKind, str, str | None]]:
 
 def judge(hosts: Sequence[str], checks: Sequence[Check], *, seen: set[str],
           standing: Mapping[str, list[str]], norms: Norms,
-          history: Mapping[TaskKind, Sequence[float]]) -> dict[str, HostVerdict]:  # fmt: skip
-    """Each host's verdict; ``history``: recent passing measurements per kind (the norm)."""
+          history: Mapping[NormKey, Sequence[float]]) -> dict[str, HostVerdict]:  # fmt: skip
+    """Each host's verdict; ``history``: recent passing measurements per kind and model (the
+    norm; the link's under ``(LINK, "")``)."""
     done = [t for t in checks if t.result]
-    compute = {t.host: float(t.result["seconds"]) for t in done  # type: ignore[index]
-               if t.kind == TaskKind.COMPUTE and "seconds" in t.result}  # type: ignore[operator]
+    compute = {t.host: measures(t.result) for t in done  # type: ignore[arg-type]
+               if t.kind == TaskKind.COMPUTE and "error" not in t.result}  # type: ignore[operator]
+    c_norm = {d: _median(list(history.get((TaskKind.COMPUTE, d), ()))
+                         + [m.seconds for ms in compute.values() for m in ms if m.device == d])
+              for d in {m.device for ms in compute.values() for m in ms}}  # fmt: skip
     links = [(t.host, str(t.peer), float(t.result["bps"])) for t in done  # type: ignore[index]
              if t.kind == TaskKind.LINK and "bps" in t.result]  # type: ignore[operator]
     best_of = {h: max((bps for a, b, bps in links if h in (a, b)), default=None)
                for h in hosts}  # fmt: skip
-    c_norm = _median(list(history.get(TaskKind.COMPUTE, ())) + list(compute.values()))
-    l_norm = _median(list(history.get(TaskKind.LINK, ())) +
+    l_norm = _median(list(history.get((TaskKind.LINK, ""), ())) +
                      [b for b in best_of.values() if b is not None])  # fmt: skip
     out: dict[str, HostVerdict] = {}
     for h in hosts:
@@ -103,10 +142,14 @@ def judge(hosts: Sequence[str], checks: Sequence[Check], *, seen: set[str],
             # (a link check with a silent end is that end's fault: its compute says so)
             elif t.result is not None and "error" in t.result:
                 reasons.append(f"{t.kind} check failed: {str(t.result['error'])[:200]}")
-        secs = compute.get(h)
-        if secs is not None and c_norm and secs > norms.compute_ratio * c_norm:
-            reasons.append(f"compute {secs:.3f} s against the fleet norm {c_norm:.3f} s "
-                           f"({secs / c_norm:.2f}x)")  # fmt: skip
+        ms = compute.get(h, [])
+        for m in ms:
+            norm = c_norm[m.device]
+            if norm and m.seconds > norms.compute_ratio * norm:
+                of = f" ({m.device})" if m.device else ""
+                reasons.append(f"{m.what} {m.seconds:.3f} s against the fleet norm{of} "
+                               f"{norm:.3f} s ({m.seconds / norm:.2f}x)")  # fmt: skip
+        secs = max((m.seconds for m in ms), default=None)  # a host runs at its slowest GPU's pace
         best, slow = best_of[h], None
         if best is not None and l_norm and best < norms.link_ratio * l_norm:
             peers = ", ".join(a if b == h else b for a, b, _ in links if h in (a, b))
@@ -115,7 +158,8 @@ def judge(hosts: Sequence[str], checks: Sequence[Check], *, seen: set[str],
                     f"norm {l_norm / 1e6:.1f} MB/s{both}")  # fmt: skip
             reasons.append(slow)
         out[h] = HostVerdict(Verdict.NO_GO if reasons else Verdict.GO, reasons, secs, best, slow,
-                             link_norm=l_norm, link_pairs=sum(h in (a, b) for a, b, _ in links))
+                             link_norm=l_norm, link_pairs=sum(h in (a, b) for a, b, _ in links),
+                             compute=tuple(ms))
     return out
 
 
@@ -123,4 +167,5 @@ def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-__all__ = ["Check", "HostVerdict", "Norms", "RunState", "TaskKind", "Verdict", "judge", "ring"]
+__all__ = ["Check", "HostVerdict", "Measure", "NormKey", "Norms", "RunState", "TaskKind",
+           "Verdict", "judge", "measures", "ring"]

@@ -30,8 +30,22 @@ class QualifyIn(BaseModel):
     iterations: int = Field(default=20, ge=1, le=10_000, description="Compute test length.")
 
 
+class GpuResult(BaseModel):
+    index: int = Field(ge=0, le=1023, description="The GPU's index on its host.")
+    uuid: str | None = Field(default=None, max_length=80, description="Its UUID (NVML's form).")
+    device: str | None = Field(default=None, max_length=200,
+                               description="What it is, e.g. `cuda: NVIDIA H100 80GB HBM3`.")
+    seconds: float = Field(ge=0, description="Its time for the fixed loop.")
+
+
 class TaskResult(BaseModel):
-    seconds: float | None = Field(default=None, ge=0, description="compute: its wall time.")
+    seconds: float | None = Field(default=None, ge=0,
+                                  description="compute: its time (the slowest GPU's on GPUs).")
+    device: str | None = Field(default=None, max_length=200,
+                               description="compute: what was measured (`cpu: <model>`, "
+                               "`cuda: <model>`); judged against that model's norm only.")
+    gpus: list[GpuResult] | None = Field(default=None, max_length=64,
+                                         description="compute on a GPU node: each GPU's.")
     bps: float | None = Field(default=None, ge=0, description="link: the slower direction.")
     up_bps: float | None = Field(default=None, ge=0)
     down_bps: float | None = Field(default=None, ge=0)

@@ -9,13 +9,12 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from sqlalchemy import event, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from failslow.agents.qualify import QualifyWorker, compute_check
+from failslow.agents.qualify import QualifyWorker
 from failslow.cli import main
 from failslow.service.db import make_engine, make_sessionmaker, upgrade
 from failslow.service.fleet.models import QualNorm, QualTask
@@ -184,27 +183,6 @@ def test_replicas_share_runs_and_hand_each_check_out_once(
         assert "n0" not in {h.host for h in b.untaken(s2)} and not b.claim(s2, first)
         assert len(b.untaken(s2)) == 5
     other_engine.dispose()
-
-
-def test_compute_check_does_the_same_work() -> None:
-    assert 0 < compute_check(2) < 10
-
-
-def test_compute_check_reports_its_fastest_round(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Another process's burst lengthens one round; the result is the fastest round, scaled."""
-    import failslow.agents.qualify as q
-
-    rounds = iter([1.0, 10.0, 1.0, 1.0, 1.0])  # seconds per round of 2 multiplies
-    clock = {"t": 0.0, "start": True}
-
-    def fake() -> float:
-        if not clock["start"]:
-            clock["t"] += next(rounds)
-        clock["start"] = not clock["start"]
-        return clock["t"]
-
-    monkeypatch.setattr(q, "time", SimpleNamespace(perf_counter=fake))
-    assert compute_check(10) == pytest.approx(5.0)  # 0.5 s per multiply x 10
 
 
 @pytest.mark.solo  # four agents' checks on one machine's loopback against an 8 s deadline
