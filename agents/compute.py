@@ -21,6 +21,7 @@ GPUs only where ``torch`` is installed).
 from __future__ import annotations
 
 import importlib.util
+import os
 import platform
 import time
 from enum import StrEnum
@@ -79,6 +80,9 @@ def torch_gpus(iterations: int, devices: list[Any] | None = None) -> dict[str, A
     device, the fastest round's seconds per multiply times ``iterations``. Timed with CUDA
     events on CUDA devices; on a CPU device (a test of this code where no GPU is) with the wall
     clock, and with ``SIZE`` matrices."""
+    # CUDA's own order is fastest-first; the bus order is nvidia-smi's and the inventory's, so
+    # that an index means the same GPU everywhere (read when CUDA starts: before the import)
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     import torch
 
     if devices is None:
@@ -143,6 +147,7 @@ def has_cuda() -> bool:
     """Whether PyTorch is installed and sees a CUDA device (imports it only when installed)."""
     if importlib.util.find_spec("torch") is None:
         return False
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # (as torch_gpus: before CUDA starts)
     import torch
 
     return bool(torch.cuda.is_available() and torch.cuda.device_count() > 0)

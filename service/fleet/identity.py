@@ -31,8 +31,15 @@ def host_part(host: str) -> Part:
     return Part(host, PartKind.HOST, host, host)
 
 
-def gpu_part(host: str, index: int, gpus: list[dict[str, Any]] | None) -> Part:
-    """The GPU at local ``index`` on ``host``, named as well as the inventory allows."""
+def gpu_part(host: str, index: int, gpus: list[dict[str, Any]] | None,
+             uuid: str | None = None) -> Part:  # fmt: skip
+    """The GPU at local ``index`` on ``host``, named as well as the inventory allows (``uuid``:
+    what a check on the GPU itself read: it finds the GPU whatever its index, and names one the
+    inventory has no UUID for)."""
+    if uuid:
+        for g in gpus or ():
+            if g.get("uuid") == uuid:
+                return gpu_part(host, int(g.get("index", index)), gpus)
     for g in gpus or ():
         if g.get("index") != index:
             continue
@@ -41,6 +48,8 @@ def gpu_part(host: str, index: int, gpus: list[dict[str, Any]] | None) -> Part:
         if g.get("pci_bus_id"):
             bus = str(g["pci_bus_id"])
             return Part(f"{host}/{bus}", PartKind.GPU, host, f"gpu{index}", IdSource.PCI)
+    if uuid:
+        return Part(uuid, PartKind.GPU, host, f"gpu{index}", IdSource.UUID)
     return Part(f"{host}/gpu{index}", PartKind.GPU, host, f"gpu{index}", IdSource.INDEX)
 
 

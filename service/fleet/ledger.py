@@ -36,7 +36,6 @@ from failslow.service.detection.engine import Taken
 from failslow.service.fleet import hints, standing
 from failslow.service.fleet.identity import Part, gpu_part, host_part, nic_part
 from failslow.service.fleet.models import (
-    ARCHIVE,
     FleetMark,
     FleetPart,
     FleetReading,
@@ -47,6 +46,7 @@ from failslow.service.fleet.models import (
 )
 from failslow.service.fleet.qualifications import Qualifier
 from failslow.service.fleet.qualify import Norms
+from failslow.service.fleet.rows import ensure_part, new_part, prune_readings, rows
 from failslow.service.fleet.settings import FleetSettings
 from failslow.service.incidents.models import Incident, IncidentResolution, IncidentState
 from failslow.service.incidents.service import resolution_of
@@ -153,7 +153,7 @@ class FleetLedger:
         (not one per part: a 1,024-rank job has 1,300 parts), written in one flush."""
         slot_rank, rank_info, tally = taken
         hosts = sorted({h for h, _ in rank_info.values() if h})
-        inv = {i.host: i for i in _rows(s, HostInventory, HostInventory.host, hosts)}
+        inv = {i.host: i for i in rows(s, HostInventory, HostInventory.host, hosts)}
         items: list[tuple[Part, JobReading]] = []
         per_host: dict[str, list[JobReading]] = {}
         for slot, rank in enumerate(slot_rank):
@@ -179,7 +179,7 @@ class FleetLedger:
         created where new."""
         ids = [p.part_id for p, _ in items]
         with s.no_autoflush:
-            parts = {r.part_id: r for r in _rows(s, FleetPart, FleetPart.part_id, ids)}
+            parts = {r.part_id: r for r in rows(s, FleetPart, FleetPart.part_id, ids)}
             olds = {r.part_id: r for r in s.scalars(
                 select(FleetReading).where(FleetReading.job_id == job))}  # fmt: skip
             crowded = []
@@ -264,7 +264,8 @@ class FleetLedger:
                    touched: dict[str, float]) -> None:  # fmt: skip
         """Qualification runs' link checks: a reading of each host's NIC (where two pairs
         measured it), and for a host found no-go for its link a mark on its network part, like
-        a slow-link incident's (it costs no job time: the host took no job)."""
+        a slow-link incident's, for each GPU found slow a mark on it, like a slow-GPU incident's
+        (they cost no job time: the host took no job)."""
         runs: dict[str, list[QualHost]] = {}
         for q in self.qualifier.untaken(s):
             if self.qualifier.claim(s, q):  # (else another replica's flush took it)
@@ -277,16 +278,20 @@ class FleetLedger:
             if readings:
                 self._links(s, run_id, readings, at_ns, touched, count_job=False)
             for q in hosts:
-                part = self._nic_of(s, q.host)
-                if q.slow_link is None or s.get(FleetMark, (run_id, part.part_id)) is not None:
-                    continue
-                row = ensure_part(s, part, at_ns)
-                mark = FleetMark(incident_id=run_id, part_id=part.part_id, job_id=run_id,
-                                 kind=IncidentKind.SLOW_LINK, severity=Severity.MAJOR,
-                                 at_ns=at_ns, lost_s=0.0, hard=False, final=True)  # fmt: skip
-                s.add(mark)
-                row.incidents_total += 1
-                fresh.setdefault(part.part_id, []).append(mark)
+                found = [(self._nic_of(s, q.host), IncidentKind.SLOW_LINK)] if q.slow_link else []
+                inv = s.get(HostInventory, q.host) if q.slow_gpus else None
+                found += [(gpu_part(q.host, int(g["index"]), inv.gpus if inv else None, g["uuid"]),
+                           IncidentKind.SLOW_GPU) for g in q.slow_gpus or ()]  # fmt: skip
+                for part, kind in found:
+                    if s.get(FleetMark, (run_id, part.part_id)) is not None:
+                        continue
+                    row = ensure_part(s, part, at_ns)
+                    mark = FleetMark(incident_id=run_id, part_id=part.part_id, job_id=run_id,
+                                     kind=kind, severity=Severity.MAJOR, at_ns=at_ns,
+                                     lost_s=0.0, hard=False, final=True)  # fmt: skip
+                    s.add(mark)
+                    row.incidents_total += 1
+                    fresh.setdefault(part.part_id, []).append(mark)
 
     def _links(self, s: Session, job: str, readings: dict[str, float], at_ns: int,
                touched: dict[str, float], *, count_job: bool = True) -> None:  # fmt: skip
@@ -318,63 +323,6 @@ class FleetLedger:
             return None
         inv = s.get(HostInventory, row.host)
         return gpu_part(row.host, row.gpu, inv.gpus if inv is not None else None)
-
-
-def new_part(part: Part, now_ns: int) -> FleetPart:
-    return FleetPart(part_id=part.part_id, kind=part.kind, host=part.host, label=part.label,
-                     id_source=part.id_source, first_seen_ns=now_ns, last_seen_ns=now_ns,
-                     state=standing.HEALTHY, state_since_ns=now_ns, state_reason="",
-                     clean_s=0.0, clean_jobs=[], jobs_total=0, incidents_total=0,
-                     lost_s_total=0.0, health={}, flagged=False, cost_s=0.0)  # fmt: skip
-
-
-def _rows(s: Session, model: Any, key: Any, values: list[str]) -> list[Any]:
-    """``model`` rows whose ``key`` is in ``values``."""
-    out: list[Any] = []
-    for chunk in in_chunks(values):
-        out += s.scalars(select(model).where(key.in_(chunk)))
-    return out
-
-
-def ensure_part(s: Session, part: Part, now_ns: int) -> FleetPart:
-    row = s.get(FleetPart, part.part_id)
-    if row is None:
-        row = new_part(part, now_ns)
-        s.add(row)
-        s.flush()
-    else:
-        row.host, row.last_seen_ns = part.host, max(row.last_seen_ns, now_ns)
-    return row
-
-
-def prune_readings(s: Session, part_id: str, keep: int) -> None:
-    """At most ``keep`` readings per part: the oldest pooled into its archive row."""
-    rows = list(s.scalars(select(FleetReading).where(FleetReading.part_id == part_id)
-                          .order_by(FleetReading.last_ns)))  # fmt: skip
-    if len(rows) <= keep:
-        return
-    archive = next((r for r in rows if r.job_id == ARCHIVE), None)
-    old = [r for r in rows if r.job_id != ARCHIVE][: len(rows) - keep + (archive is None)]
-    acc = JobReading(archive.n, archive.mean, archive.var, archive.observed_s) if archive else \
-        JobReading(0, 0.0, 0.0, 0.0)  # fmt: skip
-    for r in old:
-        acc = merge(acc, JobReading(r.n, r.mean, r.var, r.observed_s))
-        s.delete(r)
-    if archive is None:
-        archive = FleetReading(
-            part_id=part_id,
-            job_id=ARCHIVE,
-            first_ns=old[0].first_ns,
-            last_ns=old[-1].last_ns,
-            n=0,
-            mean=0.0,
-            var=0.0,
-            observed_s=0.0,
-        )
-        s.add(archive)
-    archive.n, archive.mean, archive.var, archive.observed_s = acc.n, acc.mean, acc.var, \
-        acc.observed_s  # fmt: skip
-    archive.last_ns = max(archive.last_ns, old[-1].last_ns)
 
 
 def lost_seconds(inc: Incident, job_now_ns: int | None) -> float:

@@ -116,8 +116,9 @@ class QualRun(Base):
 
 class QualHost(Base):
     """One host of a qualification: its agent's endpoint, what the ledger held against it, and
-    its verdict once judged (``slow_link``: the reason it is no-go for its link). ``marked``:
-    the ledger has taken its link check (a reading of its NIC, a mark when slow)."""
+    its verdict once judged (``slow_link``: the reason it is no-go for its link; ``slow_gpus``:
+    its GPUs found slow). ``marked``: the ledger has taken its checks (a reading of its NIC,
+    marks on what was slow)."""
 
     __tablename__ = "fleet_qualification_hosts"
 
@@ -134,6 +135,10 @@ class QualHost(Base):
     link_norm: Mapped[float | None] = mapped_column(Float, nullable=True)
     link_pairs: Mapped[int] = mapped_column(Integer, default=0)
     slow_link: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # its GPUs found slow, [{"index", "uuid"}] (NULL: none)
+    slow_gpus: Mapped[list[dict[str, object]] | None] = mapped_column(
+        JSON(none_as_null=True), nullable=True
+    )
     marked: Mapped[bool] = mapped_column(Boolean, default=False)
 
     __table_args__ = (

@@ -166,14 +166,15 @@ class Qualifier:
                 "go": having(Verdict.GO), "no_go": having(Verdict.NO_GO)}  # fmt: skip
 
     def untaken(self, s: Session) -> list[QualHost]:
-        """Judged hosts with a link check the ledger has not taken yet (in the caller's
-        transaction: it sets ``marked``)."""
+        """Judged hosts with a link check or slow GPUs the ledger has not taken yet (in the
+        caller's transaction: it sets ``marked``)."""
         return list(s.scalars(select(QualHost).where(
-            QualHost.marked.is_(False), QualHost.link_bps.is_not(None),
+            QualHost.marked.is_(False),
+            QualHost.link_bps.is_not(None) | QualHost.slow_gpus.is_not(None),
             QualHost.verdict.is_not(None))))  # fmt: skip
 
     def claim(self, s: Session, host: QualHost) -> bool:
-        """Take ``host``'s link check for the ledger, unless another replica's flush did (a
+        """Take ``host``'s checks for the ledger, unless another replica's flush did (a
         conditional update, in the caller's transaction: released if it rolls back)."""
         took = s.execute(update(QualHost).where(
             QualHost.run_id == host.run_id, QualHost.host == host.host,
@@ -210,6 +211,7 @@ class Qualifier:
                 h.verdict, h.reasons, h.slow_link = v.verdict, v.reasons, v.slow_link
                 h.compute_s, h.link_bps = v.compute_s, v.link_bps
                 h.link_norm, h.link_pairs = v.link_norm, v.link_pairs
+                h.slow_gpus = [{"index": m.gpu, "uuid": m.uuid} for m in v.slow_gpus] or None
                 if v.verdict != Verdict.GO:
                     continue
                 entries = [(TaskKind.COMPUTE, m.device, m.seconds) for m in v.compute]

@@ -102,6 +102,7 @@ class HostVerdict:
     link_norm: float | None = None  # the norm its link was judged against
     link_pairs: int = 0  # its pairs measured (two or more: its link speed is its NIC's)
     compute: tuple[Measure, ...] = ()  # what its compute check measured (per GPU on GPUs)
+    slow_gpus: tuple[Measure, ...] = ()  # its GPUs over the norm (each a reason)
 
 
 def ring(hosts: Sequence[str]) -> list[tuple[TaskKind, str, str | None]]:
@@ -142,10 +143,12 @@ def judge(hosts: Sequence[str], checks: Sequence[Check], *, seen: set[str],
             # (a link check with a silent end is that end's fault: its compute says so)
             elif t.result is not None and "error" in t.result:
                 reasons.append(f"{t.kind} check failed: {str(t.result['error'])[:200]}")
-        ms = compute.get(h, [])
+        ms, slow_gpus = compute.get(h, []), []
         for m in ms:
             norm = c_norm[m.device]
             if norm and m.seconds > norms.compute_ratio * norm:
+                if m.gpu is not None:
+                    slow_gpus.append(m)
                 of = f" ({m.device})" if m.device else ""
                 reasons.append(f"{m.what} {m.seconds:.3f} s against the fleet norm{of} "
                                f"{norm:.3f} s ({m.seconds / norm:.2f}x)")  # fmt: skip
@@ -159,7 +162,7 @@ def judge(hosts: Sequence[str], checks: Sequence[Check], *, seen: set[str],
             reasons.append(slow)
         out[h] = HostVerdict(Verdict.NO_GO if reasons else Verdict.GO, reasons, secs, best, slow,
                              link_norm=l_norm, link_pairs=sum(h in (a, b) for a, b, _ in links),
-                             compute=tuple(ms))
+                             compute=tuple(ms), slow_gpus=tuple(slow_gpus))
     return out
 
 

@@ -1,6 +1,7 @@
 """Where the ledger's incident marks land: a slow link that active probes narrowed to one end
 moves its mark (and its counts) off the other end's NIC; a qualification that finds a host's link
-slow marks its NIC, and two such runs make it a repeat offender (suspect)."""
+slow marks its NIC, one that finds a GPU slow marks that GPU, and two such runs make either a
+repeat offender (suspect)."""
 
 from __future__ import annotations
 
@@ -184,3 +185,40 @@ def test_probe_campaigns_read_nic_speeds_into_the_ledger(c: TestClient) -> None:
     assert nic(c, "p3")["flagged"] and nic(c, "p3")["state"] == "suspect"
     assert not any(nic(c, h)["flagged"] for h in (a, b, "p2"))
     assert c.get("/v1/fleet/nics/lonely/net").status_code == 404
+
+
+def test_a_gpu_slow_in_two_qualifications_is_marked_and_suspect(c: TestClient) -> None:
+    """A GPU over its model's norm makes its host no-go and marks that GPU (by the UUID the
+    inventory gives it, whatever its index in the check); twice makes it a repeat offender."""
+    model = "cuda: NVIDIA H100 80GB HBM3"
+    hosts = ["gq0", "gq1", "gq2"]
+    for h in hosts:  # the inventory's UUIDs; the check reports gq1's GPU 2 by its UUID
+        gpus = [{"index": g, "uuid": f"GPU-{h}-{g}"} for g in range(4)]
+        r = c.put(f"/v1/fleet/hosts/{h}/hardware", json={"gpus": gpus, "nics": []})
+        assert r.status_code in (200, 204), r.text
+
+    def result(h: str) -> dict[str, Any]:
+        secs = [0.056 if (h, g) == ("gq1", 2) else 0.040 for g in range(4)]
+        per = [{"index": (g + 1) % 4, "uuid": f"GPU-{h}-{g}", "device": model, "seconds": s}
+               for g, s in enumerate(secs)]  # (CUDA's order need not be the inventory's)
+        return {"seconds": max(secs), "device": model, "gpus": per}
+
+    for _ in range(2):
+        run = c.post("/v1/fleet/qualifications", json={"hosts": hosts, "timeout_s": 60}).json()
+        for rnd in range(2):
+            for i, h in enumerate(hosts):
+                addr = {"probe_addr": f"10.0.2.{i}:7000"} if rnd == 0 else {}
+                for t in c.get(f"/v1/fleet/agents/{h}/tasks", params=addr).json()["tasks"]:
+                    body = result(h) if t["kind"] == TaskKind.COMPUTE else {"bps": 900 * MB}
+                    url = f"/v1/fleet/qualifications/{run['id']}/tasks/{t['id']}"
+                    assert c.post(url, json=body).status_code == 204
+        view = c.get(f"/v1/fleet/qualifications/{run['id']}").json()
+        assert view["no_go"] == ["gq1"], view
+        assert view["hosts"][1]["reasons"][0].startswith("GPU 3 (GPU-gq1-2) compute 0.056 s")
+        assert c.post("/v1/fleet/flush").status_code == 200
+    part = c.get("/v1/fleet/gpus/GPU-gq1-2").json()
+    assert part["incidents"] == 2 and {m["kind"] for m in part["marks"]} == {"slow_gpu"}
+    assert part["state"] == "suspect" and "named by incidents in 2 jobs" in part["state_reason"]
+    others = c.get("/v1/fleet/gpus?limit=100").json()
+    assert [p["part"] for p in others if p["incidents"]] == ["GPU-gq1-2"]
+    assert all(p["incidents"] == 0 for p in c.get("/v1/fleet/nics?limit=100").json())

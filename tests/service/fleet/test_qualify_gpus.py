@@ -15,6 +15,8 @@ from failslow.service.fleet.models import QualNorm
 from failslow.service.fleet.qualifications import Qualifier
 from failslow.service.fleet.qualify import TaskKind
 
+pytestmark = pytest.mark.both_databases  # the norm's model column: SQLite and PostgreSQL
+
 H100, A100 = "cuda: NVIDIA H100 80GB HBM3", "cuda: NVIDIA A100-SXM4-80GB"
 
 
