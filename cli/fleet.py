@@ -89,7 +89,8 @@ def cmd_qualify(args: argparse.Namespace) -> int:
         raise ClientError("qualify needs --hosts")
     c = client_of(args)
     run = c.post("/v1/fleet/qualifications", {"hosts": hosts, "timeout_s": args.timeout,
-                                              "bytes": args.bytes})  # fmt: skip
+                                              "bytes": args.bytes,
+                                              "iterations": args.iterations})  # fmt: skip
     deadline = time.monotonic() + args.timeout + 30
     while run["state"] != "done" and time.monotonic() < deadline:
         if args.output == "table":
@@ -114,6 +115,10 @@ def register(sub: Any, connection: Any) -> None:
     p.add_argument("--hosts", nargs="+", required=True, help="host names (spaces or commas)")
     p.add_argument("--timeout", type=float, default=60.0, help="wait this long for the agents")
     p.add_argument("--bytes", type=int, default=8 << 20, help="link check size (bytes)")
+    p.add_argument("--iterations", type=int, default=20,
+                   help="compute check length: matrix multiplies per device (8192^2 bf16 on a "
+                   "GPU, ~2 ms each on an H100; 512^2 float32 on a CPU); longer finds GPUs that "
+                   "slow down as they heat")  # fmt: skip
     connection(p)
     p.set_defaults(func=cmd_qualify)
 
