@@ -46,49 +46,11 @@ roots, or with no root when none is silent.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-
 from failslow.detectors.defaults import DEFAULTS
+from failslow.detectors.hang_input import BlockedCollective, HangFinding, HangSnapshot
 
-
-@dataclass(frozen=True, slots=True)
-class BlockedCollective:
-    comm: str
-    seq: int
-    members: tuple[int, ...]  # ranks, in comm order
-    started: tuple[int | None, ...]  # start_ns per member (None: never arrived)
-    ended: tuple[int | None, ...]  # end_ns per member (None: still inside, or never arrived)
-    typical_s: float  # usual duration of this communicator's collectives (NaN if unknown)
-    seen_ns: int = 0  # event time at which the service first heard of it
-    progress_ns: int = 0  # newest step end of any of its members (they moved on: not a hang)
-
-
-@dataclass(frozen=True, slots=True)
-class HangSnapshot:
-    now_ns: int  # event-time now (newest envelope)
-    blocked: tuple[BlockedCollective, ...]
-    host_of_rank: dict[int, str]
-    host_last_ns: dict[str, int]
-    last_progress_ns: int  # end of the newest completed step or collective
-    step_time_s: float  # usual step time (NaN if unknown)
-    # per rank: end of its newest completed collective or step (event time); absent: none known
-    rank_last_end: Mapping[int, int] = field(default_factory=dict)
-    # per rank: its longest recent gap between two completed calls (s); absent: too few seen
-    rank_gap_s: Mapping[int, float] = field(default_factory=dict)
-    # how soon the job's instrumentation reports a call in flight, as measured (s; None: no
-    # in-flight record seen yet): the floor of the suspect and quiet timeouts where longer
-    inflight_after_s: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class HangFinding:
-    roots: tuple[int, ...]
-    hosts: tuple[str, ...]
-    onset_ns: int
-    detected_ns: int  # first event time at which the evidence sufficed (replay-speed independent)
-    reason: str
-    evidence: dict[str, object] = field(default_factory=dict)
+# the least floor a vouched in-flight delay gives (clock granularity, an agent's scheduling)
+MIN_VOUCHED_FLOOR_S = 0.05
 
 
 class HangDetector:
@@ -147,6 +109,15 @@ class HangDetector:
             return self.floor_s
         return max(self.floor_s, snap.inflight_after_s)
 
+    def cut_floor(self, snap: HangSnapshot) -> float:
+        """The floor of the suspect timeout: :meth:`floor_of`, or where every host vouches for
+        what it sent (``complete_ns``, ``inflight_after_ns``: neither lag is unknown) the
+        longest in-flight delay they announced (at least ``MIN_VOUCHED_FLOOR_S``): a collective
+        blocked that long has its missing members judged by their quiet, as vouched for."""
+        if snap.vouched:
+            return max(MIN_VOUCHED_FLOOR_S, max(snap.host_inflight_after_s.values()))
+        return self.floor_of(snap)
+
     def rank_timeout_s(self, gap_s: float, full_s: float, floor_s: float | None = None) -> float:
         """How long a rank may complete nothing: ``quiet_factor`` times its longest recent gap
         between two completed calls (a straggler f times slower stretches its gaps f times,
@@ -158,6 +129,19 @@ class HangDetector:
         floor = self.floor_s if floor_s is None else floor_s
         return max(floor + gap_s, min(full_s, self.quiet_factor * gap_s))
 
+    def _vouched_quiet(self, snap: HangSnapshot, rank: int, host: str, last_end: dict[int, int],
+                       gap: float, timeout: float) -> tuple[float, float] | None:  # fmt: skip
+        """(quiet, limit) of a rank as far as its host vouched for what it sent (None: it did
+        not): quiet up to its ``complete_ns``, the floor after its gap its own in-flight delay.
+        Either this or the unvouched judgement may name it: each is sound on its own, and a
+        host that stopped vouching (its process frozen with the rank) leaves the other."""
+        complete = snap.host_complete_ns.get(host)
+        after = snap.host_inflight_after_s.get(host)
+        if complete is None or after is None:
+            return None
+        quiet = (min(snap.now_ns, complete) - last_end.get(rank, 0)) / 1e9
+        return quiet, self.rank_timeout_s(gap, timeout, max(MIN_VOUCHED_FLOOR_S, after))
+
     def analyse(self, snap: HangSnapshot) -> HangFinding | None:
         now = snap.now_ns
         dead_hosts = sorted(
@@ -168,7 +152,7 @@ class HangDetector:
         hung: list[tuple[BlockedCollective, float]] = []  # past the full timeout ...
         suspect: list[tuple[BlockedCollective, float]] = []  # ... past the suspect one
         cuts: dict[int, float] = {}  # id of a collective -> its suspect timeout
-        floor = self.floor_of(snap)
+        floor, cut_floor = self.floor_of(snap), self.cut_floor(snap)
         for b in snap.blocked:
             starts = [s for s in b.started if s is not None]
             if not starts:
@@ -184,7 +168,7 @@ class HangDetector:
                 continue  # a member finished later steps: records went missing, nobody is stuck
             live.append((b, timeout))
             waited = (now - _waiting_since(b)) / 1e9
-            cut = self.timeout_s(b.typical_s, snap.step_time_s, self.suspect_steps, floor)
+            cut = self.timeout_s(b.typical_s, snap.step_time_s, self.suspect_steps, cut_floor)
             cuts[id(b)] = cut
             if waited > timeout:
                 hung.append((b, timeout))
@@ -262,12 +246,16 @@ class HangDetector:
                 continue
             # Quiet for how long, as far as its host has told us: a host whose envelopes lag
             # (a busy agent) has not yet said what the rank did since, so it is not blamed yet.
-            heard = snap.host_last_ns.get(snap.host_of_rank.get(rank, ""), now)
+            host = snap.host_of_rank.get(rank, "")
+            heard = snap.host_last_ns.get(host, now)
             quiet_s = (min(now, heard) - last_end.get(rank, 0)) / 1e9
             gap = snap.rank_gap_s.get(rank, float("nan"))
             if gap == gap:
                 limit = self.rank_timeout_s(gap, timeout, floor)
                 by_gap.add(rank)
+                vouched = self._vouched_quiet(snap, rank, host, last_end, gap, timeout)
+                if vouched is not None and vouched[0] > vouched[1] and quiet_s <= limit:
+                    quiet_s, limit = vouched
             elif sure:
                 limit = timeout
             else:
@@ -391,3 +379,6 @@ def _waiting_since(b: BlockedCollective) -> int:
     if ends:
         return max(ends)
     return min(s for s in b.started if s is not None)
+
+
+__all__ = ["BlockedCollective", "HangDetector", "HangFinding", "HangSnapshot"]

@@ -45,6 +45,7 @@ def parse_envelope(body: Any) -> Envelope:
         errors.append({"loc": "batch_seq", "msg": "must be a non-negative integer"})
     if (batch_seq is None) != (agent is None):
         errors.append({"loc": "batch_seq", "msg": "agent and batch_seq go together"})
+    vouched = completeness(body, sent_ns, errors, "")
     lists: dict[str, list[Any]] = {}
     for name in LIST_FIELDS:
         value = body.get(name)
@@ -56,4 +57,27 @@ def parse_envelope(body: Any) -> Envelope:
             errors.append({"loc": name, "msg": "must be a list"})
     if errors:
         raise InvalidEnvelope("the envelope is not valid; nothing was stored", errors=errors)
-    return Envelope(job, host, sent_ns, agent, batch_seq, **lists)  # type: ignore[arg-type]
+    return Envelope(job, host, sent_ns, agent, batch_seq, **lists,  # type: ignore[arg-type]
+                    complete_ns=vouched[0], inflight_after_ns=vouched[1])
+
+
+def completeness(body: dict[str, Any], sent_ns: Any, errors: list[dict[str, str]],
+                 at: str) -> tuple[int | None, int | None]:  # fmt: skip
+    """The optional ``complete_ns`` and ``inflight_after_ns`` (docs/ingest-v1.md, "Completeness"):
+    together or not at all, non-negative, ``complete_ns`` not after ``sent_ns``."""
+    complete, after = body.get("complete_ns"), body.get("inflight_after_ns")
+    if complete is None and after is None:
+        return None, None
+    if (complete is None) != (after is None):
+        errors.append({"loc": f"{at}complete_ns", "msg": "complete_ns and inflight_after_ns go "
+                       "together"})  # fmt: skip
+        return None, None
+    ok = True
+    for name, v in (("complete_ns", complete), ("inflight_after_ns", after)):
+        if not is_int(v) or not 0 <= v <= INT64_MAX:
+            errors.append({"loc": f"{at}{name}", "msg": "must be a non-negative integer (ns)"})
+            ok = False
+    if ok and is_int(sent_ns) and complete > sent_ns:
+        errors.append({"loc": f"{at}complete_ns", "msg": "must not be after sent_ns"})
+        ok = False
+    return (complete, after) if ok else (None, None)

@@ -122,6 +122,23 @@ def envelope_schema(ref_template: str) -> tuple[dict[str, Any], dict[str, Any]]:
                 "title": "Batch Seq",
                 "description": "(failslow addition) Increasing envelope number per agent.",
             },
+            "complete_ns": {
+                "anyOf": [{"type": "integer", "minimum": 0}, {"type": "null"}],
+                "default": None,
+                "title": "Complete Ns",
+                "description": "(failslow addition) Every call and step of this envelope's "
+                "ranks that ended at or before this time has been sent (here or earlier). With "
+                "inflight_after_ns; at most sent_ns. Lets the service name a stopped rank "
+                "sooner (docs/ingest-v1.md, Completeness).",
+            },
+            "inflight_after_ns": {
+                "anyOf": [{"type": "integer", "minimum": 0}, {"type": "null"}],
+                "default": None,
+                "title": "Inflight After Ns",
+                "description": "(failslow addition) Every call of this envelope's ranks begun "
+                "this long before complete_ns and not ended by then has been sent as in flight "
+                "(end_ns null). With complete_ns.",
+            },
             "ranks": many("RankIn"),
             "comms": many("CommIn"),
             "collectives": many("CollectiveIn"),

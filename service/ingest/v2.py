@@ -23,6 +23,7 @@ from failslow.service.errors import (
 from failslow.service.ids import IDENTIFIER, is_identifier
 from failslow.service.ingest.admission import admit, check_queue
 from failslow.service.ingest.decode import read_body, read_json_bytes
+from failslow.service.ingest.envelope import completeness
 from failslow.service.ingest.handoff import publish_registration, publish_v2
 from failslow.service.ingest.schemas import CommIn, IngestResult, RankIn
 from failslow.service.ingest.service import apply, existing_job, job_state
@@ -80,6 +81,7 @@ def _check_header(header: dict[str, Any]) -> None:
         errors.append({"loc": "header.agent", "msg": f"must match {IDENTIFIER}"})
     if seq is not None and (not is_int(seq) or not 0 <= seq <= INT64_MAX):
         errors.append({"loc": "header.batch_seq", "msg": "must be a non-negative integer"})
+    completeness(header, sent, errors, "header.")
     if not isinstance(header.get("topology"), str):
         errors.append({"loc": "header.topology", "msg": "the digest of a registered topology"})
     if errors:

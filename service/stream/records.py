@@ -64,6 +64,9 @@ class Envelope:
     comms: list[Any] = field(default_factory=list)
     collectives: list[Any] = field(default_factory=list)
     steps: list[Any] = field(default_factory=list)
+    # what the instrumentation vouches for (docs/ingest-v1.md, "Completeness"); None: nothing
+    complete_ns: int | None = None
+    inflight_after_ns: int | None = None
 
     @property
     def record_count(self) -> int:

@@ -34,10 +34,15 @@ class HostInfo:
     last_sent_ns: int
     last_wall: float  # monotonic seconds of the last envelope; staleness is judged in wall time
     ranks: set[int] = field(default_factory=set)
+    # what its instrumentation vouches for (docs/ingest-v1.md, "Completeness"): every call of its
+    # ranks that ended by ``complete_ns`` was sent, every call begun ``inflight_after_ns``
+    # before it and not ended was sent in flight; 0 / -1: it never said
+    complete_ns: int = 0
+    inflight_after_ns: int = -1
 
     def __reduce__(self) -> tuple[Any, ...]:  # see _PICKLE
         return (HostInfo, (self.host, self.first_seen_ns, self.last_sent_ns, self.last_wall,
-                           self.ranks))  # fmt: skip
+                           self.ranks, self.complete_ns, self.inflight_after_ns))  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -229,6 +234,16 @@ class Topology:
         info.last_sent_ns = max(info.last_sent_ns, sent_ns)
         info.last_wall = wall
         return False
+
+    def vouch(self, host: str, complete_ns: int | None, inflight_after_ns: int | None) -> None:
+        """What an applied envelope of ``host`` vouched for (None: nothing new; a heartbeat, or
+        a source that does not vouch: what was vouched for before still holds, and the hang
+        detector judges a rank with and without it)."""
+        info = self.hosts.get(host)
+        if info is None or complete_ns is None or inflight_after_ns is None:
+            return
+        info.complete_ns = max(info.complete_ns, complete_ns)
+        info.inflight_after_ns = inflight_after_ns
 
     # -- comms -------------------------------------------------------------------------------
     def announce_comm(self, ann: CommAnnouncement) -> None:

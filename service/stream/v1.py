@@ -96,4 +96,5 @@ def apply_v1(state: JobState, env: Envelope) -> ApplyResult:
             continue
         dup = outcome is Outcome.DUPLICATE
         result.count(RecordKind.STEP, 0 if dup else 1, 1 if dup else 0)
+    topo.vouch(env.host, env.complete_ns, env.inflight_after_ns)  # (after its records)
     return state.finish(result, env.host, env.sent_ns, env.agent, env.batch_seq)

@@ -90,6 +90,7 @@ def _apply(state: JobState, claimed: list[_Claimed]) -> None:
             lo = hi
     for c in claimed:
         h = c.header
+        state.topology.vouch(h["host"], h.get("complete_ns"), h.get("inflight_after_ns"))
         state.finish(c.result, h["host"], h["sent_ns"], h.get("agent"), h.get("batch_seq"),
                      settle=False)  # fmt: skip
 

@@ -205,3 +205,46 @@ def test_a_measured_in_flight_delay_raises_the_floor_never_lowers_it() -> None:
                                        inflight_after_s=2.0))  # fmt: skip
     assert f is not None and f.roots == (1,)
     assert f.evidence["blocked"][0]["timeout_s"] == 2.0  # type: ignore[index]
+
+
+def vouched(base: HangSnapshot, complete_ns: int, after_s: float) -> HangSnapshot:
+    """Every host vouches (docs/ingest-v1.md, "Completeness") up to ``complete_ns``."""
+    hosts = base.host_last_ns
+    return replace(base, host_complete_ns=dict.fromkeys(hosts, complete_ns),
+                   host_inflight_after_s=dict.fromkeys(hosts, after_s))  # fmt: skip
+
+
+def test_hosts_that_vouch_for_what_they_sent_get_a_stopped_rank_named_sooner() -> None:
+    """1 completes a call every 20 ms; 0 has waited 0.6 s in tp for it and it has been quiet
+    0.8 s. Not hung by the 1 s floor; hung where every host vouches that what ended by now was
+    sent and what was in flight for 0.25 s was reported: 1 is in no call and quiet past its gap
+    and that delay. With its host vouching only up to 0.6 s ago, it is not yet."""
+    a = blocked("tp", (0, 1), {0: NOW - 6 * S // 10})
+    base = replace(gaps_snap(a, {1: NOW - 8 * S // 10}, {1: 0.02}), step_time_s=0.4)
+    assert HangDetector().analyse(base) is None
+    f = HangDetector().analyse(vouched(base, NOW, 0.25))
+    assert f is not None and f.roots == (1,)
+    assert f.evidence["blocked"][0]["timeout_s"] == 0.4  # type: ignore[index]  # (a step)
+    assert HangDetector().analyse(vouched(base, NOW - 6 * S // 10, 0.25)) is None
+    # where its instrumentation reports in flight only after 1 s, 1 may be inside a call
+    assert HangDetector().analyse(vouched(base, NOW, 1.0)) is None
+
+
+def test_a_host_that_stopped_vouching_is_judged_as_without() -> None:
+    """1's process froze with its host's marks (SIGSTOP): its complete_ns stays 3 s old while
+    the host's heartbeats go on. The vouched judgement cannot name it; the unvouched one does,
+    as it did before anything was vouched for."""
+    a = blocked("tp", (0, 1), {0: NOW - 15 * S // 10})
+    base = gaps_snap(a, {1: NOW - 17 * S // 10}, {1: 0.02})
+    stale = vouched(base, NOW - 3 * S, 0.25)
+    f = HangDetector().analyse(stale)
+    assert f is not None and f.roots == (1,)
+    assert f.detected_ns == HangDetector().analyse(base).detected_ns  # type: ignore[union-attr]
+
+
+def test_vouching_names_no_straggler() -> None:
+    """1 is 3x slow: its longest gap was 0.1 s, it has been quiet 0.3 s between calls; 0 has
+    waited 0.5 s. Vouched for up to now, it is still progressing."""
+    a = blocked("tp", (0, 1), {0: NOW - S // 2})
+    base = replace(gaps_snap(a, {1: NOW - 3 * S // 10}, {1: 0.1}), step_time_s=0.4)
+    assert HangDetector().analyse(vouched(base, NOW, 0.25)) is None
