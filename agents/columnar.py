@@ -129,7 +129,7 @@ class V2Sealer:
             for i, w in enumerate(s["work"].tolist()):
                 if w == w:
                     steps[i]["work"] = w
-        keep = ("job", "host", "sent_ns", "agent", "batch_seq")
+        keep = ("job", "host", "sent_ns", "agent", "batch_seq", "complete_ns", "inflight_after_ns")
         return {
             **{k: header[k] for k in keep if header.get(k) is not None},
             "ranks": reg["ranks"],

@@ -54,6 +54,7 @@ class V2Converter:
             "agent": env.get("agent") or f"{env['host']}-{self.agent_suffix}",
             "batch_seq": env["batch_seq"] if env.get("batch_seq") is not None else h.batch_seq,
             "topology": digest,
+            **{k: env[k] for k in ("complete_ns", "inflight_after_ns") if env.get(k) is not None},
         }
         h.batch_seq = header["batch_seq"] + 1
         colls, steps = env.get("collectives") or [], env.get("steps") or []

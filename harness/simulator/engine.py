@@ -53,7 +53,7 @@ class Simulation(Costs):
         faults: tuple[Fault, ...] = (),
         seed: int = 0,
         t0_ns: int = 1_780_000_000_000_000_000,
-        inflight_after_s: float = 1.0,
+        inflight_after_s: float = 0.25,
     ) -> None:
         self.layout = layout
         self.steps = steps

@@ -24,7 +24,11 @@ class Scenario:
     faults: tuple[Fault, ...] = ()
     seed: int = 0
     batch_s: float = 1.0  # the agents' flush interval
-    inflight_after_s: float = 1.0  # a call blocked this long is reported in flight
+    inflight_after_s: float = 0.25  # a call blocked this long is reported in flight (the SDK's)
+    # envelopes vouch for what they carry (``complete_ns``, ``inflight_after_ns``: every call
+    # that ended by the send was drained, every call blocked ``inflight_after_s`` reported), as
+    # failslow's agents do; False: as instrumentation that does not say
+    vouch: bool = True
     t0_ns: int = 1_780_000_000_000_000_000
     hang_tail_s: float = 30.0  # how long hosts keep sending heartbeats after a hang
 
@@ -84,10 +88,13 @@ class Scenario:
                 if not sim.host_alive(h, t):
                     continue
                 colls, steps = by_host.get(h, ([], []))
+                sent = sim.ns(t, h)
                 yield {
                     "job": self.job,
                     "host": name,
-                    "sent_ns": sim.ns(t, h),
+                    "sent_ns": sent,
+                    **({"complete_ns": sent, "inflight_after_ns": int(self.inflight_after_s * 1e9)}
+                       if self.vouch else {}),
                     "ranks": self.host_ranks(name),
                     "comms": self.host_comms(name, sim),
                     "collectives": colls,

@@ -1,8 +1,9 @@
 """Issue 32: a stopped rank is named a hang within two steps when its own quiet gaps say so,
 and a 3x straggler, whose gaps stretch but who keeps completing calls, is not a hang.
 
-Steps of ~1.3 s (the simulator's workload x4) and agents flushing every 0.5 s: the agents report
-an op in flight 1 s after it began, so on sub-second steps no hang can be named within two."""
+Steps of ~1.3 s (the simulator's workload x4) and agents flushing every 0.5 s; on the default
+~0.42 s steps, within two steps where the envelopes vouch for what they carry (``complete_ns``,
+``inflight_after_ns``: docs/ingest-v1.md, "Completeness"), and not without."""
 
 from __future__ import annotations
 
@@ -64,3 +65,34 @@ def test_late_in_flight_reports_raise_the_floor_and_blame_the_stopped_rank_alone
     assert roots()[:1] == [[10]]
     monkeypatch.setattr(InflightDelay, "delay_s", lambda self: None)  # the floor alone
     assert roots()[0] != [10]
+
+
+def short(fault: Fault, steps: int, *, vouch: bool) -> Scenario:
+    """The simulator's default ~0.42 s steps, agents flushing every 0.5 s and reporting calls
+    in flight after 0.25 s, as failslow's SDK and node agent do."""
+    return Scenario(job=f"short-{vouch}", layout=L16, steps=steps, faults=(fault,), seed=3,
+                    batch_s=0.5, inflight_after_s=0.25, hang_tail_s=10.0, vouch=vouch)  # fmt: skip
+
+
+def test_on_short_steps_vouched_envelopes_get_a_stopped_rank_named_within_two_steps() -> None:
+    """Envelopes that vouch for what they carry (``complete_ns``, ``inflight_after_ns``) let the
+    floor be the announced 0.25 s in-flight delay; without, the configured 1 s floor holds
+    (neither lag is known) and it takes more than two steps."""
+    delays = {}
+    for vouch in (True, False):
+        r = run(short(Fault("hang", ONSET, ranks=(10,)), ONSET + 25, vouch=vouch))
+        hangs = r.opened("hang")
+        assert hangs, r.findings
+        f = hangs[0][1]
+        assert [r.state.topology.slot_rank[s] for s in f.slots] == [10]
+        onset = r.labels["faults"][0]["onset_ns"]
+        step_s = (onset - r.labels["t0_ns"]) / 1e9 / ONSET
+        delays[vouch] = (f.detected_ns - onset) / 1e9 / step_s
+    assert delays[True] <= 2.0 < delays[False], delays
+
+
+@pytest.mark.parametrize("factor", [2.0, 3.0])
+def test_on_short_steps_vouched_envelopes_name_no_straggler_a_hang(factor: float) -> None:
+    r = run(short(Fault("slow_gpu", ONSET, factor=factor, ranks=(10,)), ONSET + 20, vouch=True))
+    assert not r.opened("hang"), r.opened("hang")
+    assert [rank for rank, _ in r.opened("slow_gpu")] == [10]
