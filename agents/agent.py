@@ -30,6 +30,7 @@ from failslow.agents.columnar import V2Sealer
 from failslow.agents.delivery import Shipping
 from failslow.agents.spool import AgentState, Outbox
 from failslow.agents.transport import Backoff, Sender
+from failslow.agents.vouch import MARK, Vouches
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +146,7 @@ class NodeAgent(Shipping):
         self._lock = threading.Lock()
         self._collectives: list[dict[str, Any]] = []
         self._steps: list[dict[str, Any]] = []
+        self.vouches = Vouches()  # what its envelopes vouch for (agents/vouch.py)
         self._consumed_files: list[Path] = []
         self._stop = threading.Event()
         self._wake_sender = threading.Event()
@@ -172,9 +174,13 @@ class NodeAgent(Shipping):
             if source is not None:
                 source.unlink(missing_ok=True)
             return
-        self.add_items(items, source)
+        pid = head.get("pid")
+        self.add_items(items, source, pid=pid if isinstance(pid, int) else None)
 
-    def add_items(self, items: list[list[Any]], source: Path | None = None) -> None:
+    def add_items(self, items: list[list[Any]], source: Path | None = None, *,
+                  pid: int | None = None) -> None:  # fmt: skip
+        """A source's messages (``pid``: the SDK process that handed them over; None: a source
+        of the agent's own, which vouches for nothing)."""
         with self._lock:
             for m in items:
                 try:
@@ -195,10 +201,13 @@ class NodeAgent(Shipping):
                         if self.comms.get(m[1]) != ann:
                             self.comms[m[1]] = ann
                             self._topology_dirty = True
+                    elif tag == MARK:
+                        pass  # (taken below, after the records it vouches for)
                     else:
                         self.stats.bad_messages += 1
                 except (IndexError, TypeError, ValueError):
                     self.stats.bad_messages += 1
+            self.vouches.note(pid, items)
             if source is not None:
                 self._consumed_files.append(source)
             full = len(self._collectives) + len(self._steps) >= self.max_batch_records
@@ -218,12 +227,14 @@ class NodeAgent(Shipping):
             seq = self.next_seq
             self.next_seq += 1
             records = len(self._collectives) + len(self._steps)
+            sent = time.time_ns()
             header = {
                 "job": self.job,
                 "host": self.host,
-                "sent_ns": time.time_ns(),
+                "sent_ns": sent,
                 "agent": self.agent_id,
                 "batch_seq": seq,
+                **self.vouches.current(sent),
             }
             ranks, comms = list(self.ranks.values()), list(self.comms.values())
             if self.v2 is not None:

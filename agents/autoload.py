@@ -11,7 +11,7 @@ but never communicates (torchrun's own agent) runs none.
 
 Settings, all from the environment: ``FAILSLOW_JOB`` (default ``default``), ``FAILSLOW_SOCKET``
 (default: the node agent's socket for the job), ``FAILSLOW_SPOOL_DIR`` (files instead of the
-socket), ``FAILSLOW_INFLIGHT_AFTER_S`` (1.0). At exit, what is left is handed to the agent (at most
+socket), ``FAILSLOW_INFLIGHT_AFTER_S`` (0.25). At exit, what is left is handed to the agent (at most
 ``EXIT_FLUSH_S``).
 """
 
@@ -74,7 +74,7 @@ def install_now() -> Any:
             from failslow.agents.torch import Instrumentation
 
             recorder = sdk.configure(start=False)
-            inflight = float(os.environ.get("FAILSLOW_INFLIGHT_AFTER_S", "1.0"))
+            inflight = float(os.environ.get("FAILSLOW_INFLIGHT_AFTER_S", "0.25"))
             _instrumentation = Instrumentation(recorder, inflight_after_s=inflight).install()
             atexit.register(_at_exit, _instrumentation)
         except Exception:  # noqa: BLE001 - the training runs on, uninstrumented

@@ -94,7 +94,8 @@ class JobAgents:
             self.refused_jobs += len(items)
             return
         self.last_seen[job] = time.monotonic()
-        agent.add_items(items)
+        pid = head.get("pid")
+        agent.add_items(items, pid=pid if isinstance(pid, int) else None)
 
     def _stop_job(self, job: str, drain_timeout_s: float) -> None:
         with self._lock:

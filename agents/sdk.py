@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,6 +94,11 @@ class Recorder:
         self._file_seq = 0
         self._pid = os.getpid()
         self._thread: threading.Thread | None = None
+        # what each hand-over vouches for, ``(complete_ns, inflight_after_ns)`` (the torch
+        # instrumentation's ``CallTimer.watermark``; None: nothing): a ``["w", ...]`` line after
+        # the records, sent even when there are none, which the node agent turns into an
+        # envelope's ``complete_ns`` (docs/ingest-v1.md, "Completeness")
+        self.watermark: Callable[[], tuple[int, int] | None] | None = None
         if self.spool_dir:
             self.spool_dir.mkdir(parents=True, exist_ok=True)
         if start:
@@ -227,21 +232,31 @@ class Recorder:
                 log.debug("failslow sdk flush failed", exc_info=True)
 
     def _drain(self) -> None:
+        mark = None
+        if self.watermark is not None:  # read before the queue: what it vouches for is in it
+            try:
+                mark = self.watermark()
+            except Exception:  # noqa: BLE001 - vouching for nothing is always safe
+                mark = None
+        if mark is not None:
+            self._queue.append(["w", int(mark[0]), int(mark[1])])
         if not self._queue:
             return
         head = wire.header(self.job, self._pid)
         budget = wire.MAX_DATAGRAM - len(head) - 1
         lines: list[bytes] = []
-        size = 0
+        size = marks = 0  # (a mark is no record: not counted as one)
         while self._queue:
-            line = orjson.dumps(self._queue.popleft())
+            item = self._queue.popleft()
+            line = orjson.dumps(item)
             if lines and size + len(line) + 1 > budget:
-                self._enqueue(head + b"\n" + b"\n".join(lines), len(lines))
-                lines, size = [], 0
+                self._enqueue(head + b"\n" + b"\n".join(lines), len(lines) - marks)
+                lines, size, marks = [], 0, 0
             lines.append(line)
             size += len(line) + 1
+            marks += item[0] == "w"
         if lines:
-            self._enqueue(head + b"\n" + b"\n".join(lines), len(lines))
+            self._enqueue(head + b"\n" + b"\n".join(lines), len(lines) - marks)
 
     def _enqueue(self, payload: bytes, count: int) -> None:
         self._pending.append(payload)

@@ -82,6 +82,7 @@ class Instrumentation(CallTimer):
             if not self.interception.install():
                 return self
             self.installed = True
+            self.recorder.watermark = self.watermark  # (docs/ingest-v1.md, "Completeness")
             if self.auto_steps:
                 self.steps.watch_optimizers()
             if dist.is_available() and dist.is_initialized():
@@ -93,6 +94,8 @@ class Instrumentation(CallTimer):
             self.interception.uninstall()
             self.steps.unwatch()
             self._stop_watchdog()
+            if getattr(self.recorder, "watermark", None) == self.watermark:
+                self.recorder.watermark = None
             self.installed = False
 
     # -- what the training script may call -------------------------------------------------------

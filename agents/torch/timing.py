@@ -41,6 +41,9 @@ def group_ranks(group: Any) -> list[int]:
     return list(dist.get_process_group_ranks(group))
 
 
+VOUCH_MARGIN_NS = 20_000_000  # (see CallTimer.watermark)
+
+
 class TimedWork:
     """A ``Work`` whose completion is noted at the first successful ``wait()``."""
 
@@ -75,7 +78,7 @@ class CallTimer:
         recorder: Recorder,
         *,
         clock: Callable[[], int] = time.time_ns,
-        inflight_after_s: float | None = 1.0,
+        inflight_after_s: float | None = 0.25,
         gpu_timing: bool | None = None,
         event_factory: Callable[[], Any] | None = None,
         poll_s: float | None = 0.25,
@@ -104,6 +107,7 @@ class CallTimer:
         self.thread_states_kept = 0
         # (comm, seq, rank-side key) -> [op, nbytes, start, peer, reported]
         self._inflight: dict[tuple[str, int], list[Any]] = {}
+        self._last_scan_ns = 0  # when report_inflight last reported every call then due
         self._watchdog: threading.Thread | None = None
         self._stop = threading.Event()
         self.errors = 0
@@ -203,7 +207,7 @@ class CallTimer:
             with self._lock:
                 self._events.append((event, end_event, (comm, seq, op, nbytes, start, peer)))
             return
-        self._record(comm, seq, op, nbytes, start, self.clock(), peer)
+        self._record_now(comm, seq, op, nbytes, start, peer)
 
     def _keep_thread_state(self) -> None:
         """Keep this thread's Python thread state if it is one of the backend's own threads.
@@ -254,7 +258,8 @@ class CallTimer:
         """Report (once each) the calls in flight for longer than ``inflight_after_s``."""
         if self.inflight_after_s is None:
             return 0
-        limit = self.clock() - int(self.inflight_after_s * 1e9)
+        now = self.clock()
+        limit = now - int(self.inflight_after_s * 1e9)
         with self._lock:
             due = [(k, v) for k, v in self._inflight.items() if not v[4] and v[2] <= limit]
             for _, v in due:
@@ -262,7 +267,24 @@ class CallTimer:
         for (comm, seq), (op, nbytes, start, peer, _) in due:
             self._emit(comm, seq, op, nbytes, start, None, peer)
         self.inflight_reported += len(due)
+        self._last_scan_ns = now  # (after they were handed to the recorder)
         return len(due)
+
+    def watermark(self) -> tuple[int, int] | None:
+        """What the recorder's next hand-over vouches for (docs/ingest-v1.md, "Completeness"):
+        ``(complete_ns, inflight_after_ns)``, None when nothing (in-flight reporting off, or
+        not scanned yet). Every call that ended by ``complete_ns`` is in the recorder's queue:
+        wall-clock ends are read and queued under the lock this reads the clock under, GPU-timed
+        calls still unresolved began after it (their end is at least their start); every call
+        begun ``inflight_after_ns`` before it and not ended was reported by the last scan.
+        ``VOUCH_MARGIN_NS`` earlier still: a step's end is read before it is queued."""
+        if self.inflight_after_s is None or not self._last_scan_ns:
+            return None
+        with self._lock:
+            now = self.clock()
+            pending = min((rec[4] for _, _, rec in self._events), default=now)
+        complete = min(now, self._last_scan_ns, pending) - VOUCH_MARGIN_NS
+        return max(0, complete), int(self.inflight_after_s * 1e9)
 
     def _next(self, comm: str, step: int = 1, offset: int = 0) -> int:
         with self._lock:
@@ -293,6 +315,15 @@ class CallTimer:
     ) -> None:
         self._forget(comm, seq)
         self._emit(comm, seq, op, nbytes, start, end, peer)
+
+    def _record_now(
+        self, comm: str, seq: int, op: str, nbytes: int, start: int, peer: int | None
+    ) -> None:
+        """A call that ended now, on the wall clock: its end read and queued under the lock
+        (:meth:`watermark` reads the clock under it: no end it vouches for is still unqueued)."""
+        with self._lock:
+            self._inflight.pop((comm, seq), None)
+            self._emit(comm, seq, op, nbytes, start, self.clock(), peer)
 
     def _emit(
         self,

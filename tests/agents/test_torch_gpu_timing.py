@@ -263,3 +263,32 @@ def test_watchdog_sleeps_until_the_oldest_call_in_flight_is_due() -> None:
     assert inst._next_wake() == pytest.approx(1.0)  # reported ones no longer count
     inst.gpu_timing = None  # events may need polling: at least every poll_s
     assert inst._next_wake() == pytest.approx(0.25)
+
+
+def test_the_watermark_waits_for_unresolved_gpu_calls_and_the_in_flight_scan(
+    group: None,
+) -> None:
+    """What a hand-over vouches for (docs/ingest-v1.md, "Completeness"): nothing before the first
+    in-flight scan; never past a GPU-timed call not yet resolved (its end, found later, is at
+    least its start), nor past the last scan; the announced delay is ``inflight_after_s``."""
+    from failslow.agents.torch.timing import VOUCH_MARGIN_NS
+
+    gpu = _Gpu()
+    inst = _inst(gpu).install()  # host clock: +1 s per reading
+    inst.inflight_after_s = 0.5
+    try:
+        assert inst.recorder.watermark == inst.watermark  # the recorder asks it
+        assert inst.watermark() is None  # no scan yet
+        dist.all_reduce(torch.ones(4))  # GPU-timed, unresolved
+        start = inst._events[0][2][4]
+        inst.report_inflight()  # (reports it: in flight for more than 0.5 s of host clock)
+        complete, after = inst.watermark()  # type: ignore[misc]
+        assert after == 500_000_000 and complete == start - VOUCH_MARGIN_NS
+        gpu.done_ns = gpu.now_ns
+        assert inst.poll_events() == 1
+        scan = inst._last_scan_ns
+        complete, _ = inst.watermark()  # type: ignore[misc]
+        assert complete == scan - VOUCH_MARGIN_NS > start  # the scan bounds it now
+    finally:
+        inst.uninstall()
+    assert getattr(inst.recorder, "watermark", None) is None

@@ -1,0 +1,98 @@
+"""What node agents' envelopes vouch for (docs/ingest-v1.md, "Completeness"): the SDK ends each
+hand-over with a mark, the agent vouches for the oldest of its processes' marks, and for nothing
+while any source does not mark."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from failslow.agents import wire
+from failslow.agents.sdk import Recorder
+from failslow.agents.vouch import WINDOW_S, Vouches
+
+MS = 1_000_000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def rec(end: int) -> list[Any]:
+    return ["c", 0, "dp", 1, "allreduce", 8, end - MS, end, None]
+
+
+def test_the_oldest_process_mark_is_vouched_for_and_an_unmarked_one_stops_it() -> None:
+    clock = Clock()
+    v = Vouches(clock)
+    assert v.current(10_000 * MS) == {}  # nobody said anything
+    v.note(11, [rec(900 * MS), ["w", 950 * MS, 250 * MS]])
+    v.note(12, [["w", 800 * MS, 500 * MS]])
+    assert v.current(10_000 * MS) == {"complete_ns": 800 * MS, "inflight_after_ns": 500 * MS}
+    assert v.current(700 * MS)["complete_ns"] == 700 * MS  # never after the envelope's send
+    v.note(13, [rec(990 * MS)])  # an SDK that does not mark (an older one)
+    assert v.current(10_000 * MS) == {}
+    clock.t += WINDOW_S  # ... gone since: the others vouch again (13 forgotten)
+    v.note(11, [["w", 2_000 * MS, 250 * MS]])
+    v.note(12, [["w", 2_100 * MS, 250 * MS]])
+    assert v.current(10_000 * MS) == {"complete_ns": 2_000 * MS, "inflight_after_ns": 250 * MS}
+    v.note(None, [rec(2_050 * MS)])  # a source of the agent's own (NCCL Inspector): no marks
+    assert v.current(10_000 * MS) == {}
+    v.note(None, [["r", 0, 0, 2]])  # (announcements are no records)
+    clock.t += WINDOW_S
+    v.note(11, [["w", 3_000 * MS, 250 * MS]])
+    assert v.current(10_000 * MS) == {"complete_ns": 3_000 * MS, "inflight_after_ns": 250 * MS}
+
+
+def test_a_hand_over_ends_with_its_mark_sent_even_without_records(tmp_path: Path) -> None:
+    r = Recorder("job1", spool_dir=str(tmp_path), start=False)
+    marks = iter([(5_000, 250 * MS), (6_000, 250 * MS)])
+    r.watermark = lambda: next(marks)
+    r.record_collective(rank=0, comm="dp", seq=0, op="allreduce", nbytes=8, start_ns=1, end_ns=2)
+    r._drain()
+    r._deliver()
+    r._drain()  # nothing recorded since: the mark alone
+    r._deliver()
+    payloads = [wire.decode_payload(p.read_bytes())[1] for p in sorted(tmp_path.iterdir())]
+    assert [[m[0] for m in items] for items in payloads] == [["c", "w"], ["w"]]
+    assert payloads[0][-1] == ["w", 5_000, 250 * MS] and payloads[1][0][1] == 6_000
+    assert r.stats.sent == 1  # a mark is no record
+    assert orjson.loads(orjson.dumps(payloads[1][0])) == ["w", 6_000, 250 * MS]
+
+
+def test_a_sealed_envelope_carries_what_its_processes_vouched_for(tmp_path: Path) -> None:
+    """Through a real node agent (v2, the default): the SDK processes' marks become the sealed
+    envelope's ``complete_ns`` / ``inflight_after_ns``; a payload without marks stops it."""
+    from failslow.agents.agent import NodeAgent
+    from failslow.wire import v2
+
+    agent = NodeAgent(service="http://127.0.0.1:9", job="jv", host="h0",
+                      state_dir=str(tmp_path / "state"), fsync=False)  # fmt: skip
+    try:
+        announce = [["r", 0, 0, 2], ["r", 1, 1, 2], ["m", "dp", "dp", [0, 1]]]
+        now = 1_780_000_000_000 * MS
+        for pid, rank, mark in ((101, 0, now - 300 * MS), (102, 1, now - 200 * MS)):
+            items = [*announce, ["c", rank, "dp", 0, "allreduce", 8, now - 2 * MS, now - MS, None],
+                     ["w", mark, 250 * MS]]  # fmt: skip
+            agent.add_payload(wire.header("jv", pid) + b"\n" + wire.encode_lines(items))
+        seq = agent.seal()
+        assert seq is not None
+        _, payload, _ = agent.outbox.oldest()  # type: ignore[misc]
+        header, _ = v2.decode_header(gzip.decompress(payload))
+        assert header["complete_ns"] == now - 300 * MS and header["inflight_after_ns"] == 250 * MS
+        plain = [["c", 0, "dp", 1, "allreduce", 8, now, now + MS, None]]  # no mark: an old SDK
+        agent.add_payload(wire.header("jv", 103) + b"\n" + wire.encode_lines(plain))
+        agent.seal()
+        agent.outbox.ack(seq)
+        _, payload, _ = agent.outbox.oldest()  # type: ignore[misc]
+        header, _ = v2.decode_header(gzip.decompress(payload))
+        assert "complete_ns" not in header and "inflight_after_ns" not in header
+    finally:
+        agent.sender.close()
