@@ -238,7 +238,9 @@ class Recorder:
                 mark = self.watermark()
             except Exception:  # noqa: BLE001 - vouching for nothing is always safe
                 mark = None
-        if mark is not None:
+        if mark is not None and (self._queue or self.spool_dir is None):
+            # (a mark alone is a datagram every flush; in a spool directory it would be a
+            # file: there a process marks only with records)
             self._queue.append(["w", int(mark[0]), int(mark[1])])
         if not self._queue:
             return

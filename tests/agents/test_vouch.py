@@ -5,10 +5,9 @@ while any source does not mark."""
 from __future__ import annotations
 
 import gzip
+import socket
 from pathlib import Path
 from typing import Any
-
-import orjson
 
 from failslow.agents import wire
 from failslow.agents.sdk import Recorder
@@ -52,7 +51,10 @@ def test_the_oldest_process_mark_is_vouched_for_and_an_unmarked_one_stops_it() -
 
 
 def test_a_hand_over_ends_with_its_mark_sent_even_without_records(tmp_path: Path) -> None:
-    r = Recorder("job1", spool_dir=str(tmp_path), start=False)
+    agent = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    agent.bind(str(tmp_path / "agent.sock"))
+    agent.settimeout(5)
+    r = Recorder("job1", socket_path=str(tmp_path / "agent.sock"), start=False)
     marks = iter([(5_000, 250 * MS), (6_000, 250 * MS)])
     r.watermark = lambda: next(marks)
     r.record_collective(rank=0, comm="dp", seq=0, op="allreduce", nbytes=8, start_ns=1, end_ns=2)
@@ -60,11 +62,18 @@ def test_a_hand_over_ends_with_its_mark_sent_even_without_records(tmp_path: Path
     r._deliver()
     r._drain()  # nothing recorded since: the mark alone
     r._deliver()
-    payloads = [wire.decode_payload(p.read_bytes())[1] for p in sorted(tmp_path.iterdir())]
+    payloads = [wire.decode_payload(agent.recv(65536))[1] for _ in range(2)]
+    agent.close()
+    r.close(timeout_s=0)
     assert [[m[0] for m in items] for items in payloads] == [["c", "w"], ["w"]]
-    assert payloads[0][-1] == ["w", 5_000, 250 * MS] and payloads[1][0][1] == 6_000
+    assert payloads[0][-1] == ["w", 5_000, 250 * MS] and payloads[1][0] == ["w", 6_000, 250 * MS]
     assert r.stats.sent == 1  # a mark is no record
-    assert orjson.loads(orjson.dumps(payloads[1][0])) == ["w", 6_000, 250 * MS]
+    # in a spool directory a process marks only with records (a file per flush otherwise)
+    spool = Recorder("job1", spool_dir=str(tmp_path / "spool"), start=False)
+    spool.watermark = lambda: (7_000, 250 * MS)
+    spool._drain()
+    spool._deliver()
+    assert list((tmp_path / "spool").iterdir()) == []
 
 
 def test_a_sealed_envelope_carries_what_its_processes_vouched_for(tmp_path: Path) -> None:
