@@ -36,6 +36,12 @@ delay as measured from its records where that is longer (``HangSnapshot.inflight
 with instrumentation that reports a call in flight only after seconds, ranks waiting in a call
 not reported yet were blamed besides the stopped one.
 
+Where a host vouches for what it sent (``complete_ns``, ``inflight_after_ns``: docs/ingest-v1.md,
+"Completeness"), a missing rank is also judged by its quiet up to ``complete_ns``, with the
+announced in-flight delay as the floor after its gap; either judgement may name it, and where
+every host vouches, the suspect timeout's floor is the announced delay too. A host whose vouch
+stops advancing (its process frozen with the rank) leaves the unvouched judgement.
+
 The clock of a member still inside a collective that its peers completed starts at their
 completion, not at its entry: until then its own end record may merely lag behind theirs.
 
