@@ -174,14 +174,14 @@ class NodeAgent(Shipping):
             if source is not None:
                 source.unlink(missing_ok=True)
             return
-        pid = head.get("pid")
-        self.add_items(items, source, pid=pid if isinstance(pid, int) else None)
+        self.add_items(items, source, pid=wire.sender_pid(head))
 
     def add_items(self, items: list[list[Any]], source: Path | None = None, *,
                   pid: int | None = None) -> None:  # fmt: skip
         """A source's messages (``pid``: the SDK process that handed them over; None: a source
         of the agent's own, which vouches for nothing)."""
         with self._lock:
+            before, mark = self.stats.records_in, None
             for m in items:
                 try:
                     tag = m[0]
@@ -201,13 +201,13 @@ class NodeAgent(Shipping):
                         if self.comms.get(m[1]) != ann:
                             self.comms[m[1]] = ann
                             self._topology_dirty = True
-                    elif tag == MARK:
-                        pass  # (taken below, after the records it vouches for)
+                    elif tag == MARK:  # (noted below, after the records it vouches for)
+                        mark = (int(m[1]), int(m[2]))
                     else:
                         self.stats.bad_messages += 1
                 except (IndexError, TypeError, ValueError):
                     self.stats.bad_messages += 1
-            self.vouches.note(pid, items)
+            self.vouches.note(pid, records=self.stats.records_in > before, mark=mark)
             if source is not None:
                 self._consumed_files.append(source)
             full = len(self._collectives) + len(self._steps) >= self.max_batch_records

@@ -94,8 +94,7 @@ class JobAgents:
             self.refused_jobs += len(items)
             return
         self.last_seen[job] = time.monotonic()
-        pid = head.get("pid")
-        agent.add_items(items, pid=pid if isinstance(pid, int) else None)
+        agent.add_items(items, pid=wire.sender_pid(head))
 
     def _stop_job(self, job: str, drain_timeout_s: float) -> None:
         with self._lock:

@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 
 from failslow.agents import wire
+from failslow.agents.vouch import MARK
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +242,7 @@ class Recorder:
         if mark is not None and (self._queue or self.spool_dir is None):
             # (a mark alone is a datagram every flush; in a spool directory it would be a
             # file: there a process marks only with records)
-            self._queue.append(["w", int(mark[0]), int(mark[1])])
+            self._queue.append([MARK, int(mark[0]), int(mark[1])])
         if not self._queue:
             return
         head = wire.header(self.job, self._pid)
@@ -256,7 +257,7 @@ class Recorder:
                 lines, size, marks = [], 0, 0
             lines.append(line)
             size += len(line) + 1
-            marks += item[0] == "w"
+            marks += item[0] == MARK
         if lines:
             self._enqueue(head + b"\n" + b"\n".join(lines), len(lines) - marks)
 

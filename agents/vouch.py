@@ -29,20 +29,19 @@ class Vouches:
         self._marks: dict[int, tuple[int, int]] = {}  # pid -> its newest mark
         self._unmarked_at = float("-inf")  # records from a source that never marks
 
-    def note(self, pid: int | None, items: list[list[Any]]) -> None:
+    def note(self, pid: int | None, *, records: bool, mark: tuple[int, int] | None) -> None:
         """A hand-over of process ``pid`` (None: a source that does not mark), after its
-        records were taken into the batch."""
+        records (``records``: it had some) were taken into the batch; ``mark``: its
+        ``(complete_ns, inflight_after_ns)``, if it ended with one."""
         now = self.clock()
         if pid is None:
-            if any(m and m[0] != MARK for m in items):
+            if records:
                 self._unmarked_at = now
             return
         self._seen[pid] = now
-        for m in items:
-            if m and m[0] == MARK and len(m) >= 3:
-                complete, after = int(m[1]), int(m[2])
-                old = self._marks.get(pid)
-                self._marks[pid] = (max(complete, old[0]) if old else complete, after)
+        if mark is not None:
+            old = self._marks.get(pid)
+            self._marks[pid] = (max(mark[0], old[0]) if old else mark[0], mark[1])
 
     def current(self, sent_ns: int) -> dict[str, int]:
         """The fields of an envelope sealed now (none, when it cannot vouch); ``complete_ns``

@@ -27,6 +27,12 @@ def encode_lines(items: list[list[Any]]) -> bytes:
     return b"\n".join(orjson.dumps(i) for i in items)
 
 
+def sender_pid(head: dict[str, Any]) -> int | None:
+    """The SDK process that sent a payload (its header's ``pid``; None: not said)."""
+    pid = head.get("pid")
+    return pid if isinstance(pid, int) else None
+
+
 def decode_payload(payload: bytes) -> tuple[dict[str, Any], list[list[Any]]]:
     """Split a datagram or spool file into its header and messages; raise ValueError if bad."""
     lines = payload.split(b"\n")

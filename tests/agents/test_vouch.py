@@ -7,7 +7,6 @@ from __future__ import annotations
 import gzip
 import socket
 from pathlib import Path
-from typing import Any
 
 from failslow.agents import wire
 from failslow.agents.sdk import Recorder
@@ -24,29 +23,25 @@ class Clock:
         return self.t
 
 
-def rec(end: int) -> list[Any]:
-    return ["c", 0, "dp", 1, "allreduce", 8, end - MS, end, None]
-
-
 def test_the_oldest_process_mark_is_vouched_for_and_an_unmarked_one_stops_it() -> None:
     clock = Clock()
     v = Vouches(clock)
     assert v.current(10_000 * MS) == {}  # nobody said anything
-    v.note(11, [rec(900 * MS), ["w", 950 * MS, 250 * MS]])
-    v.note(12, [["w", 800 * MS, 500 * MS]])
+    v.note(11, records=True, mark=(950 * MS, 250 * MS))
+    v.note(12, records=False, mark=(800 * MS, 500 * MS))
     assert v.current(10_000 * MS) == {"complete_ns": 800 * MS, "inflight_after_ns": 500 * MS}
     assert v.current(700 * MS)["complete_ns"] == 700 * MS  # never after the envelope's send
-    v.note(13, [rec(990 * MS)])  # an SDK that does not mark (an older one)
+    v.note(13, records=True, mark=None)  # an SDK that does not mark (an older one)
     assert v.current(10_000 * MS) == {}
     clock.t += WINDOW_S  # ... gone since: the others vouch again (13 forgotten)
-    v.note(11, [["w", 2_000 * MS, 250 * MS]])
-    v.note(12, [["w", 2_100 * MS, 250 * MS]])
+    v.note(11, records=False, mark=(2_000 * MS, 250 * MS))
+    v.note(12, records=False, mark=(2_100 * MS, 250 * MS))
     assert v.current(10_000 * MS) == {"complete_ns": 2_000 * MS, "inflight_after_ns": 250 * MS}
-    v.note(None, [rec(2_050 * MS)])  # a source of the agent's own (NCCL Inspector): no marks
+    v.note(None, records=True, mark=None)  # a source of the agent's own (NCCL Inspector)
     assert v.current(10_000 * MS) == {}
-    v.note(None, [["r", 0, 0, 2]])  # (announcements are no records)
+    v.note(None, records=False, mark=None)  # (announcements only: no records)
     clock.t += WINDOW_S
-    v.note(11, [["w", 3_000 * MS, 250 * MS]])
+    v.note(11, records=False, mark=(3_000 * MS, 250 * MS))
     assert v.current(10_000 * MS) == {"complete_ns": 3_000 * MS, "inflight_after_ns": 250 * MS}
 
 
@@ -98,6 +93,9 @@ def test_a_sealed_envelope_carries_what_its_processes_vouched_for(tmp_path: Path
         assert header["complete_ns"] == now - 300 * MS and header["inflight_after_ns"] == 250 * MS
         plain = [["c", 0, "dp", 1, "allreduce", 8, now, now + MS, None]]  # no mark: an old SDK
         agent.add_payload(wire.header("jv", 103) + b"\n" + wire.encode_lines(plain))
+        bad = agent.stats.bad_messages
+        agent.add_payload(wire.header("jv", 104) + b"\n" + wire.encode_lines([["w", "x"]]))
+        assert agent.stats.bad_messages == bad + 1  # a broken mark: counted, never raised
         agent.seal()
         agent.outbox.ack(seq)
         _, payload, _ = agent.outbox.oldest()  # type: ignore[misc]
