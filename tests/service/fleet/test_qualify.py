@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from failslow.agents.qualify import QualifyWorker
 from failslow.cli import main
-from failslow.service.db import make_engine, make_sessionmaker, upgrade
+from failslow.service.db import make_engine, make_sessionmaker
 from failslow.service.fleet.models import QualNorm, QualTask
 from failslow.service.fleet.qualifications import Qualifier
 from failslow.service.fleet.qualify import Norms, TaskKind, Verdict
@@ -25,14 +24,6 @@ from failslow.service.settings import Settings
 from tests.live import live_service
 
 MB = 1e6
-
-
-@pytest.fixture
-def sessions(db_url: str) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(db_url)
-    upgrade(engine)
-    yield make_sessionmaker(engine)
-    engine.dispose()
 
 
 def answer(q: Qualifier, run_id: str, hosts: list[str], *, compute: dict[str, float],

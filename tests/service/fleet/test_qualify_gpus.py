@@ -3,14 +3,12 @@ for one slow GPU (named), and the norm is kept per model (docs/fleet.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from failslow.service.db import make_engine, make_sessionmaker, upgrade
 from failslow.service.fleet.models import QualNorm
 from failslow.service.fleet.qualifications import Qualifier
 from failslow.service.fleet.qualify import TaskKind
@@ -18,14 +16,6 @@ from failslow.service.fleet.qualify import TaskKind
 pytestmark = pytest.mark.both_databases  # the norm's model column: SQLite and PostgreSQL
 
 H100, A100 = "cuda: NVIDIA H100 80GB HBM3", "cuda: NVIDIA A100-SXM4-80GB"
-
-
-@pytest.fixture
-def sessions(db_url: str) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(db_url)
-    upgrade(engine)
-    yield make_sessionmaker(engine)
-    engine.dispose()
 
 
 def gpus(host: str, model: str, secs: list[float]) -> dict[str, Any]:
