@@ -121,7 +121,7 @@ class HangDetector:
         longest in-flight delay they announced (at least ``MIN_VOUCHED_FLOOR_S``): a collective
         blocked that long has its missing members judged by their quiet, as vouched for."""
         if snap.vouched:
-            return max(MIN_VOUCHED_FLOOR_S, max(snap.host_inflight_after_s.values()))
+            return max(MIN_VOUCHED_FLOOR_S, max(after for _, after in snap.host_vouch.values()))
         return self.floor_of(snap)
 
     def rank_timeout_s(self, gap_s: float, full_s: float, floor_s: float | None = None) -> float:
@@ -141,10 +141,10 @@ class HangDetector:
         not): quiet up to its ``complete_ns``, the floor after its gap its own in-flight delay.
         Either this or the unvouched judgement may name it: each is sound on its own, and a
         host that stopped vouching (its process frozen with the rank) leaves the other."""
-        complete = snap.host_complete_ns.get(host)
-        after = snap.host_inflight_after_s.get(host)
-        if complete is None or after is None:
+        vouch = snap.host_vouch.get(host)
+        if vouch is None:
             return None
+        complete, after = vouch
         quiet = (min(snap.now_ns, complete) - last_end.get(rank, 0)) / 1e9
         return quiet, self.rank_timeout_s(gap, timeout, max(MIN_VOUCHED_FLOOR_S, after))
 

@@ -34,16 +34,15 @@ class HangSnapshot:
     # how soon the job's instrumentation reports a call in flight, as measured (s; None: no
     # in-flight record seen yet): the floor of the suspect and quiet timeouts where longer
     inflight_after_s: float | None = None
-    # per host whose instrumentation vouches for it (docs/ingest-v1.md, "Completeness"): every
-    # call of its ranks that ended by this time was sent, ...
-    host_complete_ns: Mapping[str, int] = field(default_factory=dict)
-    # ... and every call begun this long before it and not ended was sent in flight (s)
-    host_inflight_after_s: Mapping[str, float] = field(default_factory=dict)
+    # per host whose instrumentation vouches for it (docs/ingest-v1.md, "Completeness"):
+    # (complete_ns, inflight_after_s): every call of its ranks that ended by complete_ns was
+    # sent, every call begun inflight_after_s before it and not ended was sent in flight
+    host_vouch: Mapping[str, tuple[int, float]] = field(default_factory=dict)
 
     @property
     def vouched(self) -> bool:
         """Every host of the job vouches for what it sent."""
-        return bool(self.host_last_ns) and self.host_last_ns.keys() <= self.host_complete_ns.keys()
+        return bool(self.host_last_ns) and self.host_last_ns.keys() <= self.host_vouch.keys()
 
 
 @dataclass(frozen=True, slots=True)

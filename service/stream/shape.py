@@ -169,8 +169,6 @@ def hang_snapshot(
         rank_last_end=last_end,
         rank_gap_s=gaps,
         inflight_after_s=state.inflight_delay.delay_s(),
-        host_complete_ns={h: i.complete_ns for h, i in topo.hosts.items()
-                          if i.inflight_after_ns >= 0},  # fmt: skip
-        host_inflight_after_s={h: i.inflight_after_ns / 1e9 for h, i in topo.hosts.items()
-                               if i.inflight_after_ns >= 0},  # fmt: skip
+        host_vouch={h: (i.complete_ns, i.inflight_after_ns / 1e9) for h, i in topo.hosts.items()
+                    if i.inflight_after_ns >= 0},  # fmt: skip
     )

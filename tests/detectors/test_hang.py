@@ -210,8 +210,7 @@ def test_a_measured_in_flight_delay_raises_the_floor_never_lowers_it() -> None:
 def vouched(base: HangSnapshot, complete_ns: int, after_s: float) -> HangSnapshot:
     """Every host vouches (docs/ingest-v1.md, "Completeness") up to ``complete_ns``."""
     hosts = base.host_last_ns
-    return replace(base, host_complete_ns=dict.fromkeys(hosts, complete_ns),
-                   host_inflight_after_s=dict.fromkeys(hosts, after_s))  # fmt: skip
+    return replace(base, host_vouch=dict.fromkeys(hosts, (complete_ns, after_s)))
 
 
 def test_hosts_that_vouch_for_what_they_sent_get_a_stopped_rank_named_sooner() -> None:
