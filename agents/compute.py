@@ -75,16 +75,22 @@ def cpu_seconds(iterations: int) -> float:
     return best * iterations
 
 
+def _torch() -> Any:
+    """PyTorch, with CUDA's devices in bus order: CUDA's own is fastest-first, the bus order is
+    nvidia-smi's and the inventory's, so that an index means the same GPU everywhere (read when
+    CUDA starts: set before it does)."""
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    import torch
+
+    return torch
+
+
 def torch_gpus(iterations: int, devices: list[Any] | None = None) -> dict[str, Any]:
     """The check on PyTorch devices (default: every visible CUDA device), all at once: per
     device, the fastest round's seconds per multiply times ``iterations``. Timed with CUDA
     events on CUDA devices; on a CPU device (a test of this code where no GPU is) with the wall
     clock, and with ``SIZE`` matrices."""
-    # CUDA's own order is fastest-first; the bus order is nvidia-smi's and the inventory's, so
-    # that an index means the same GPU everywhere (read when CUDA starts: before the import)
-    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-    import torch
-
+    torch = _torch()
     if devices is None:
         devices = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
     if not devices:
@@ -147,9 +153,7 @@ def has_cuda() -> bool:
     """Whether PyTorch is installed and sees a CUDA device (imports it only when installed)."""
     if importlib.util.find_spec("torch") is None:
         return False
-    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # (as torch_gpus: before CUDA starts)
-    import torch
-
+    torch = _torch()
     return bool(torch.cuda.is_available() and torch.cuda.device_count() > 0)
 
 
