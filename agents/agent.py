@@ -18,7 +18,6 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,9 +26,11 @@ import orjson
 
 from failslow.agents import wire
 from failslow.agents.columnar import V2Sealer
+from failslow.agents.datagrams import bind_socket, receive
 from failslow.agents.delivery import Shipping
 from failslow.agents.spool import AgentState, Outbox
 from failslow.agents.transport import Backoff, Sender
+from failslow.agents.urgency import URGENT_S, Urgency
 from failslow.agents.vouch import MARK, Vouches
 
 log = logging.getLogger(__name__)
@@ -57,34 +58,6 @@ class AgentStats:
     outbox_in_memory: int = 0  # envelopes held in memory because the disk did not take them
     disk_errors: int = 0  # outbox writes that failed (full or broken disk)
     last_error: str | None = None
-
-
-def bind_socket(path: str, mode: int = 0o660) -> socket.socket:
-    """The Unix datagram socket the training processes send to, bound afresh; ``mode``: who
-    may send (0660: the agent's user and group; 0666: any local user)."""
-    where = Path(path)
-    where.parent.mkdir(parents=True, exist_ok=True)
-    where.unlink(missing_ok=True)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 * 1024 * 1024)
-    sock.bind(str(where))
-    os.chmod(where, mode)
-    sock.settimeout(0.2)
-    return sock
-
-
-def receive(sock: socket.socket, stop: threading.Event, handle: Callable[[bytes], None]) -> None:
-    """Hand every datagram to ``handle`` until ``stop`` is set."""
-    while not stop.is_set():
-        try:
-            payload = sock.recv(1 << 18)
-        except TimeoutError:
-            continue
-        except OSError:
-            if stop.is_set():
-                break
-            raise
-        handle(payload)
 
 
 class NodeAgent(Shipping):
@@ -147,6 +120,8 @@ class NodeAgent(Shipping):
         self._collectives: list[dict[str, Any]] = []
         self._steps: list[dict[str, Any]] = []
         self.vouches = Vouches()  # what its envelopes vouch for (agents/vouch.py)
+        self.urgency = Urgency()  # when to seal sooner: a call blocked a step (agents/urgency.py)
+        self._vouched_ns = 0  # the newest complete_ns sealed
         self._consumed_files: list[Path] = []
         self._stop = threading.Event()
         self._wake_sender = threading.Event()
@@ -186,10 +161,12 @@ class NodeAgent(Shipping):
                 try:
                     tag = m[0]
                     if tag == "c":
-                        self._collectives.append(wire.collective_dict(m))
+                        self._collectives.append(rec := wire.collective_dict(m))
+                        self.urgency.collective(rec)
                         self.stats.records_in += 1
                     elif tag == "s":
-                        self._steps.append(wire.step_dict(m))
+                        self._steps.append(rec := wire.step_dict(m))
+                        self.urgency.step(rec)
                         self.stats.records_in += 1
                     elif tag == "r":
                         ann = {"rank": m[1], "gpu": m[2], "world_size": m[3]}
@@ -215,26 +192,31 @@ class NodeAgent(Shipping):
             self.seal()
 
     # -- sealing -------------------------------------------------------------------------------
-    def seal(self) -> int | None:
-        """Turn the current batch into a durable envelope; returns its batch_seq (None if empty)."""
+    def seal(self, *, vouching: bool = False) -> int | None:
+        """Turn the current batch into a durable envelope; returns its batch_seq (None if
+        empty). ``vouching``: with no records, still one when it vouches for later than the
+        last (a call is blocked for longer than a step: agents/urgency.py)."""
         with self._lock:
             self._last_seal = time.monotonic()
             consumed, self._consumed_files = self._consumed_files, []
-            if not self._collectives and not self._steps:
+            sent = time.time_ns()
+            vouch = self.vouches.current(sent)
+            news = vouching and vouch.get("complete_ns", 0) > self._vouched_ns
+            if not self._collectives and not self._steps and not news:
                 for f in consumed:
                     f.unlink(missing_ok=True)
                 return None
+            self._vouched_ns = max(self._vouched_ns, vouch.get("complete_ns", 0))
             seq = self.next_seq
             self.next_seq += 1
             records = len(self._collectives) + len(self._steps)
-            sent = time.time_ns()
             header = {
                 "job": self.job,
                 "host": self.host,
                 "sent_ns": sent,
                 "agent": self.agent_id,
                 "batch_seq": seq,
-                **self.vouches.current(sent),
+                **vouch,
             }
             ranks, comms = list(self.ranks.values()), list(self.comms.values())
             if self.v2 is not None:
@@ -292,9 +274,12 @@ class NodeAgent(Shipping):
         while not self._stop.wait(0.05):
             if self.outbox.in_memory():
                 self.outbox.spill()  # the disk may take them again
-            if time.monotonic() - self._last_seal >= self.flush_interval_s:
+            since = time.monotonic() - self._last_seal
+            with self._lock:
+                urgent = since >= URGENT_S and self.urgency.due(time.time_ns())
+            if since >= self.flush_interval_s or urgent:
                 try:
-                    self.seal()
+                    self.seal(vouching=urgent)
                 except OSError as exc:
                     self.stats.last_error = f"seal failed: {exc}"
                     log.exception("sealing a batch failed")

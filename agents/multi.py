@@ -23,7 +23,8 @@ from typing import Any
 import orjson
 
 from failslow.agents import wire
-from failslow.agents.agent import NodeAgent, bind_socket, receive
+from failslow.agents.agent import NodeAgent
+from failslow.agents.datagrams import bind_socket, receive
 
 log = logging.getLogger(__name__)
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}")  # the API's identifier

@@ -189,6 +189,10 @@ class Recorder:
         if len(self._queue) == self.flush_at_records:  # a burst: do not wait for the interval
             self._wake.set()
 
+    def hand_over_soon(self) -> None:
+        """Hand what is queued (and a fresh mark) to the agent now, not at the next interval."""
+        self._wake.set()
+
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
         if self._thread is None:

@@ -264,10 +264,15 @@ class CallTimer:
             due = [(k, v) for k, v in self._inflight.items() if not v[4] and v[2] <= limit]
             for _, v in due:
                 v[4] = True
+            blocked = any(v[4] for v in self._inflight.values())
         for (comm, seq), (op, nbytes, start, peer, _) in due:
             self._emit(comm, seq, op, nbytes, start, None, peer)
         self.inflight_reported += len(due)
         self._last_scan_ns = now  # (after they were handed to the recorder)
+        if blocked:
+            # a call blocked this long may be a hang in the making: hand over now (and at each
+            # scan while it lasts), so the node agent's mark moves on (agents/urgency.py)
+            self.recorder.hand_over_soon()
         return len(due)
 
     def watermark(self) -> tuple[int, int] | None:

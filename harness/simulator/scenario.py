@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from failslow.agents.urgency import URGENT_S, Urgency
 from failslow.agents.wire import collective_dict, step_dict
 from failslow.harness.simulator.engine import Simulation
 from failslow.harness.simulator.faults import Fault, FaultKind
@@ -65,30 +66,50 @@ class Scenario:
         sim: Simulation | None = None,
         on_batch: Callable[[Simulation, float], None] | None = None,
     ) -> Iterator[dict[str, Any]]:
-        """Envelopes in send order, one per live host per ``batch_s`` (heartbeats when idle).
+        """Envelopes in send order, one per live host per ``batch_s`` (heartbeats when idle),
+        and while a host's call is blocked for longer than a step one per ``URGENT_S`` (where
+        envelopes vouch: as failslow's agents do, agents/urgency.py).
 
         ``on_batch(sim, t)`` runs after the consumer took a batch's last envelope: the closed
         loop uses it to read the service's plan and make the simulated job follow it.
         """
         sim = sim or self.simulation()
         lay = self.layout
-        t = 0.0
+        # agents seal every ``batch_s``, and every URGENT_S while a call of theirs is blocked
+        # for longer than a step, as failslow's node agent does (agents/urgency.py): ticks of
+        # URGENT_S, each host's records pending until it sends
+        per = max(1, round(self.batch_s / URGENT_S))
+        tick = self.batch_s / per
+        pending: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = [
+            ([], []) for _ in lay.hosts
+        ]
+        urgency = [Urgency() for _ in lay.hosts]
+        last_sent = [0.0] * lay.n_hosts
+        n = 0
         stall_since: float | None = None
         while True:
-            t += self.batch_s
+            n += 1
+            t = n * tick
+            regular = n % per == 0
             sim.run_until(t)
-            items = sim.drain(t)
-            by_host: dict[int, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
-            for host, rec in items:
-                colls, steps = by_host.setdefault(host, ([], []))
-                (colls if rec[0] == "c" else steps).append(
-                    collective_dict(list(rec)) if rec[0] == "c" else step_dict(list(rec))
-                )
+            for host, rec in sim.drain(t):
+                colls, steps = pending[host]
+                if rec[0] == "c":
+                    colls.append(d := collective_dict(list(rec)))
+                    urgency[host].collective(d)
+                else:
+                    steps.append(d := step_dict(list(rec)))
+                    urgency[host].step(d)
             for h, name in enumerate(lay.hosts):
                 if not sim.host_alive(h, t):
                     continue
-                colls, steps = by_host.get(h, ([], []))
                 sent = sim.ns(t, h)
+                urgent = t - last_sent[h] >= URGENT_S - 1e-9 and urgency[h].due(sent)
+                if not (regular or (urgent and self.vouch)):
+                    continue
+                last_sent[h] = t
+                colls, steps = pending[h]
+                pending[h] = ([], [])
                 yield {
                     "job": self.job,
                     "host": name,
@@ -100,6 +121,8 @@ class Scenario:
                     "collectives": colls,
                     "steps": steps,
                 }
+            if not regular:
+                continue
             if on_batch is not None:
                 on_batch(sim, t)
             if sim.done:

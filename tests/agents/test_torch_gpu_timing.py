@@ -50,6 +50,10 @@ class _Recorder:
 
         self.records: list[dict[str, Any]] = []
         self.stats = SdkStats()
+        self.nudged = 0
+
+    def hand_over_soon(self) -> None:
+        self.nudged += 1
 
     def start(self) -> None: ...
 
@@ -177,10 +181,14 @@ def test_a_call_the_gpu_never_finishes_is_reported_in_flight(group: None) -> Non
         assert inst.poll_events() == 0
         assert inst.report_inflight() == 1
         assert [r["end_ns"] for r in inst.recorder.records] == [None]
+        # blocked: each scan hands over at once (agents/urgency.py), not at the next interval
+        assert inst.recorder.nudged == 1
+        assert inst.report_inflight() == 0 and inst.recorder.nudged == 2
         gpu.done_ns = gpu.now_ns
         assert inst.poll_events() == 1  # the completed record follows
         assert inst.recorder.records[-1]["end_ns"] is not None
         assert inst.report_inflight() == 0
+        assert inst.recorder.nudged == 2  # nothing blocked any more
     finally:
         inst.uninstall()
 
