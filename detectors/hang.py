@@ -53,10 +53,12 @@ roots, or with no root when none is silent.
 from __future__ import annotations
 
 from failslow.detectors.defaults import DEFAULTS
-from failslow.detectors.hang_input import BlockedCollective, HangFinding, HangSnapshot
-
-# the least floor a vouched in-flight delay gives (clock granularity, an agent's scheduling)
-MIN_VOUCHED_FLOOR_S = 0.05
+from failslow.detectors.hang_input import (
+    MIN_VOUCHED_FLOOR_S,
+    BlockedCollective,
+    HangFinding,
+    HangSnapshot,
+)
 
 
 class HangDetector:
@@ -120,9 +122,8 @@ class HangDetector:
         what it sent (``complete_ns``, ``inflight_after_ns``: neither lag is unknown) the
         longest in-flight delay they announced (at least ``MIN_VOUCHED_FLOOR_S``): a collective
         blocked that long has its missing members judged by their quiet, as vouched for."""
-        if snap.vouched:
-            return max(MIN_VOUCHED_FLOOR_S, max(after for _, after in snap.host_vouch.values()))
-        return self.floor_of(snap)
+        vouched = snap.vouched_floor_s
+        return self.floor_of(snap) if vouched is None else vouched
 
     def rank_timeout_s(self, gap_s: float, full_s: float, floor_s: float | None = None) -> float:
         """How long a rank may complete nothing: ``quiet_factor`` times its longest recent gap

@@ -3,8 +3,22 @@ job's hosts and ranks as the service last heard of them, and a finding with its 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+
+# the least floor a vouched in-flight delay gives (clock granularity, an agent's scheduling)
+MIN_VOUCHED_FLOOR_S = 0.05
+
+
+def vouched_floor_s(
+    hosts: Collection[str], host_vouch: Mapping[str, tuple[int, float]]
+) -> float | None:
+    """Where every one of ``hosts`` vouches for what it sent: the longest in-flight delay they
+    announced, at least ``MIN_VOUCHED_FLOOR_S`` (a collective blocked that long has its missing
+    members judged by their quiet, as vouched for); None where one does not."""
+    if not hosts or any(h not in host_vouch for h in hosts):
+        return None
+    return max(MIN_VOUCHED_FLOOR_S, max(host_vouch[h][1] for h in hosts))
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,9 +54,10 @@ class HangSnapshot:
     host_vouch: Mapping[str, tuple[int, float]] = field(default_factory=dict)
 
     @property
-    def vouched(self) -> bool:
-        """Every host of the job vouches for what it sent."""
-        return bool(self.host_last_ns) and self.host_last_ns.keys() <= self.host_vouch.keys()
+    def vouched_floor_s(self) -> float | None:
+        """Where every host of the job vouches for what it sent, the longest delay announced
+        (:func:`vouched_floor_s`); None where one does not."""
+        return vouched_floor_s(self.host_last_ns.keys(), self.host_vouch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,4 +70,10 @@ class HangFinding:
     evidence: dict[str, object] = field(default_factory=dict)
 
 
-__all__ = ["BlockedCollective", "HangFinding", "HangSnapshot"]
+__all__ = [
+    "MIN_VOUCHED_FLOOR_S",
+    "BlockedCollective",
+    "HangFinding",
+    "HangSnapshot",
+    "vouched_floor_s",
+]

@@ -9,7 +9,12 @@ from failslow.detectors.pipeline import Finding, JobPipeline
 from failslow.harness.simulator import Scenario
 from failslow.service.ingest.envelope import parse_envelope
 from failslow.service.settings import DetectionSettings, StateSettings
-from failslow.service.stream.shape import blocked_collectives, hang_snapshot, job_shape
+from failslow.service.stream.shape import (
+    blocked_before_ns,
+    blocked_collectives,
+    hang_snapshot,
+    job_shape,
+)
 from failslow.service.stream.state import JobState
 
 
@@ -67,9 +72,10 @@ def run(
             for f in pipe.process(fr, shape):
                 findings.append((topo.slot_rank[f.slots[0]] if f.slots else -1, f))
         # the engine's hang check, every pass
-        floor = int(d.hang_timeout_floor_s * 1e9)
         blocked = blocked_collectives(
-            state, older_than_ns=state.watermark_ns - floor, typical=pipe.comm_typical
+            state,
+            older_than_ns=blocked_before_ns(state, d.hang_timeout_floor_s),
+            typical=pipe.comm_typical,
         )
         step_time_s = float(pipe.job_view()["step_time_s"] or float("nan"))
         snap = hang_snapshot(state, blocked, step_time_s=step_time_s)

@@ -42,7 +42,12 @@ from failslow.service.plans import service as plans
 from failslow.service.stream.reading import JobNumbers
 from failslow.service.stream.registry import JobRegistry
 from failslow.service.stream.roles import work_weights
-from failslow.service.stream.shape import blocked_collectives, hang_snapshot, job_shape
+from failslow.service.stream.shape import (
+    blocked_before_ns,
+    blocked_collectives,
+    hang_snapshot,
+    job_shape,
+)
 from failslow.service.stream.state import JobState
 
 log = logging.getLogger(__name__)
@@ -251,9 +256,9 @@ class DetectionEngine:
                 if not rt.seeded:
                     self._seed(rt, state)
                 topo = state.topology
-                floor_ns = int(settings.hang_timeout_floor_s * 1e9)
                 closed = state.close_frames(
-                    flush=flush, blocked_before_ns=state.watermark_ns - floor_ns
+                    flush=flush,
+                    blocked_before_ns=blocked_before_ns(state, settings.hang_timeout_floor_s),
                 )
                 state.new_data = False
                 if tuning.paused:  # consumed, not analysed: nothing is judged on them later
@@ -320,9 +325,10 @@ class DetectionEngine:
     def _hang_snapshot(self, rt: JobRuntime, state: JobState) -> HangSnapshot | None:
         """Collectives blocked for longer than the smallest timeout, under the job lock."""
         settings = rt.settings or self.settings
-        floor_ns = int(settings.hang_timeout_floor_s * 1e9)
         blocked = blocked_collectives(
-            state, older_than_ns=state.watermark_ns - floor_ns, typical=rt.pipeline.comm_typical
+            state,
+            older_than_ns=blocked_before_ns(state, settings.hang_timeout_floor_s),
+            typical=rt.pipeline.comm_typical,
         )
         if (
             not blocked

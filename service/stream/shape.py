@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from failslow.detectors.hang import BlockedCollective, HangSnapshot
+from failslow.detectors.hang_input import vouched_floor_s
 from failslow.detectors.types import KIND_INDEX, P2P, JobShape, PeerGroups
 from failslow.detectors.vocab import CommKind
 from failslow.service.stream.frames import NEVER
@@ -169,6 +170,21 @@ def hang_snapshot(
         rank_last_end=last_end,
         rank_gap_s=gaps,
         inflight_after_s=state.inflight_delay.delay_s(),
-        host_vouch={h: (i.complete_ns, i.inflight_after_ns / 1e9) for h, i in topo.hosts.items()
-                    if i.inflight_after_ns >= 0},  # fmt: skip
+        host_vouch=host_vouch(state),
     )
+
+
+def host_vouch(state: JobState) -> dict[str, tuple[int, float]]:
+    """Per host that vouches for what it sent: ``(complete_ns, inflight_after_s)``."""
+    return {h: (i.complete_ns, i.inflight_after_ns / 1e9)
+            for h, i in state.topology.hosts.items() if i.inflight_after_ns >= 0}  # fmt: skip
+
+
+def blocked_before_ns(state: JobState, floor_s: float) -> int:
+    """The collectives the hang detector is given began before this: the smallest timeout it
+    may apply ago, the configured floor or, where every host vouches for what it sent, the
+    delay they announced (:func:`~failslow.detectors.hang_input.vouched_floor_s`); a stopped
+    rank on 0.4 s steps was otherwise never judged before its peers had waited the full floor."""
+    vouched = vouched_floor_s(state.topology.hosts.keys(), host_vouch(state))
+    floor = floor_s if vouched is None else min(floor_s, vouched)
+    return state.watermark_ns - int(floor * 1e9)

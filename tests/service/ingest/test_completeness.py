@@ -70,3 +70,26 @@ def test_v2_headers_vouch_too(client: TestClient) -> None:
     assert send(complete_ns=T0 + 700 * MS, inflight_after_ns=250 * MS) == 200
     h = host_of(client, "vj2")
     assert (h.complete_ns, h.inflight_after_ns) == (T0 + 700 * MS, 250 * MS)
+
+
+def test_where_every_host_vouches_the_hang_detector_is_given_younger_collectives(
+    client: TestClient,
+) -> None:
+    """``blocked_before_ns``: the configured floor (1 s) ago, or, where every host of the job
+    vouches, its announced in-flight delay ago (0.25 s); one host that does not vouch keeps
+    the floor (on 0.4 s steps a stopped rank was otherwise never judged before 1 s)."""
+    from failslow.service.stream.shape import blocked_before_ns
+
+    def post(host: int, **vouch: int) -> None:
+        env = {**v1(**vouch), "job": "vb", "host": f"h{host}",
+               "ranks": [{"rank": host, "world_size": 3}]}  # fmt: skip
+        assert client.post("/v1/ingest", json=env).status_code == 200
+
+    for host in (0, 1):
+        post(host, complete_ns=T0 + 900 * MS, inflight_after_ns=250 * MS)
+    state = client.app.state.ctx.jobs.get("vb")  # type: ignore[attr-defined]
+    now = state.watermark_ns
+    assert blocked_before_ns(state, 1.0) == now - 250 * MS
+    assert blocked_before_ns(state, 0.1) == now - 100 * MS  # a smaller floor configured holds
+    post(2)  # a host that does not vouch
+    assert blocked_before_ns(state, 1.0) == state.watermark_ns - 1_000 * MS
