@@ -57,6 +57,7 @@ class AgentStats:
     auth_failures: int = 0  # attempts the service answered 401/403 (the envelopes are kept)
     outbox_in_memory: int = 0  # envelopes held in memory because the disk did not take them
     disk_errors: int = 0  # outbox writes that failed (full or broken disk)
+    urgent_envelopes: int = 0  # sealed early: a call blocked for longer than a step
     last_error: str | None = None
 
 
@@ -207,6 +208,7 @@ class NodeAgent(Shipping):
                     f.unlink(missing_ok=True)
                 return None
             self._vouched_ns = max(self._vouched_ns, vouch.get("complete_ns", 0))
+            self.stats.urgent_envelopes += vouching
             seq = self.next_seq
             self.next_seq += 1
             records = len(self._collectives) + len(self._steps)

@@ -19,7 +19,7 @@ COUNTERS = frozenset({
     "records_in", "records_sealed", "records_accepted", "records_duplicate", "records_rejected",
     "envelopes_sent", "heartbeats", "retries", "refused_envelopes", "bad_messages",
     "foreign_job_messages", "dropped_records", "unencodable_records", "registrations",
-    "auth_failures", "disk_errors",
+    "auth_failures", "disk_errors", "urgent_envelopes",
 })  # fmt: skip
 
 

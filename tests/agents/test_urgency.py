@@ -89,6 +89,7 @@ def test_the_agent_seals_a_vouching_envelope_without_records_while_a_call_is_blo
         assert agent.seal(vouching=True) is not None
         hand_over([["w", T0 + 500 * MS, 250 * MS]])
         assert agent.seal(vouching=True) is not None
+        assert agent.stats.urgent_envelopes == 2
         got = headers()
         assert [h["records"] for h in got] == [1, 0, 0]
         assert [h["complete_ns"] for h in got] == [T0, T0 + 250 * MS, T0 + 500 * MS]
