@@ -17,6 +17,7 @@ from failslow.service.jobs.models import Job
 from failslow.service.jobs.schemas import JobDetail, JobSummary, RankOut
 from failslow.service.stream.reading import DetectionReader, JobStateName, RankState
 from failslow.service.stream.registry import JobRegistry
+from failslow.service.stream.shape import host_vouch
 from failslow.service.stream.state import JobState
 
 
@@ -134,6 +135,7 @@ def detail(
                 "shard_restarts": state.shards.restarts if state.shards is not None else 0,
                 "late_steps": fb.late_steps,
                 "clock": clock_view(state),
+                "completeness": completeness_view(state),
                 "open_subjects": sorted(numbers.open_subjects) if numbers else [],
             }
     return JobDetail(
@@ -162,6 +164,28 @@ def clock_view(state: JobState) -> dict[str, Any]:
         "held_back_envelopes": state.clock.held_back,
         "hosts_ahead_s": {names.get(i, str(i)): round(ns / 1e9, 3)
                           for i, ns in sorted(state.clock.ahead_ns.items())},  # fmt: skip
+    }
+
+
+def completeness_view(state: JobState) -> dict[str, Any]:
+    """What the job's hosts vouch for (docs/ingest-v1.md, "Completeness"), which decides how
+    soon a stopped rank can be named: how many of its hosts vouch, the in-flight delay they
+    announce, how far behind the job's time the oldest ``complete_ns`` is, and the in-flight delay
+    measured from the records (where hosts do not vouch)."""
+    vouch = host_vouch(state)
+    now = state.watermark_ns
+    measured = state.inflight_delay.delay_s()
+    return {
+        "vouching_hosts": len(vouch),
+        "hosts": len(state.topology.hosts),
+        "inflight_after_s": max((a for _, a in vouch.values()), default=None),
+        # the host whose complete_ns is furthest behind (a frozen process holds its host's)
+        "oldest_complete": (
+            {"host": min(vouch, key=lambda h: vouch[h][0]),
+             "lag_s": round(max(0, now - min(c for c, _ in vouch.values())) / 1e9, 3)}
+            if vouch else None
+        ),  # fmt: skip
+        "measured_inflight_delay_s": None if measured is None else round(measured, 3),
     }
 
 

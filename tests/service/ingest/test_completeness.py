@@ -77,7 +77,8 @@ def test_where_every_host_vouches_the_hang_detector_is_given_younger_collectives
 ) -> None:
     """``blocked_before_ns``: the configured floor (1 s) ago, or, where every host of the job
     vouches, its announced in-flight delay ago (0.25 s); one host that does not vouch keeps
-    the floor (on 0.4 s steps a stopped rank was otherwise never judged before 1 s)."""
+    the floor (on 0.4 s steps a stopped rank was otherwise never judged before 1 s). The job
+    view shows which hosts vouch."""
     from failslow.service.stream.shape import blocked_before_ns
 
     def post(host: int, **vouch: int) -> None:
@@ -93,3 +94,8 @@ def test_where_every_host_vouches_the_hang_detector_is_given_younger_collectives
     assert blocked_before_ns(state, 0.1) == now - 100 * MS  # a smaller floor configured holds
     post(2)  # a host that does not vouch
     assert blocked_before_ns(state, 1.0) == state.watermark_ns - 1_000 * MS
+    shown = client.get("/v1/jobs/vb").json()["detector"]["completeness"]  # for operators
+    lag = round((state.watermark_ns - (T0 + 900 * MS)) / 1e9, 3)
+    assert shown == {"vouching_hosts": 2, "hosts": 3, "inflight_after_s": 0.25,
+                     "oldest_complete": {"host": "h0", "lag_s": lag},
+                     "measured_inflight_delay_s": None}  # fmt: skip
