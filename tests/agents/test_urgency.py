@@ -36,10 +36,10 @@ def test_a_call_in_flight_for_longer_than_a_step_is_due_until_it_ends() -> None:
     assert not u.due(start + 500 * MS)
 
 
-def test_without_steps_a_second_and_never_under_the_least() -> None:
+def test_nothing_is_urgent_before_the_first_step_and_never_under_the_least() -> None:
     u = Urgency()
     u.collective(call(0, 0, T0, None))
-    assert not u.due(T0 + 900 * MS) and u.due(T0 + 1100 * MS)
+    assert not u.due(T0 + 5_000 * MS)  # a job starting: its first collectives wait for loading
     for i in range(4):  # 10 ms steps: the least (250 ms) decides
         u.step(step(i, 10))
     assert not u.due(T0 + 200 * MS) and u.due(T0 + 300 * MS)
@@ -47,9 +47,15 @@ def test_without_steps_a_second_and_never_under_the_least() -> None:
 
 def test_stale_and_unbounded_calls_are_forgotten() -> None:
     u = Urgency()
+    u.step(step(0, 400))
     u.collective(call(0, 0, T0, None))
     assert u.due(T0 + 2_000 * MS)
-    assert not u.due(T0 + int((STALE_S + 1) * 1e9))  # a call an end record never came for
+    assert u.due(T0 + int((STALE_S - 1) * 1e9))
+    assert not u.due(T0 + int((STALE_S + 1) * 1e9))  # a hang named long ago, or a lost end
+    for i in range(4):  # 4 s steps: five of them are longer than STALE_S
+        u.step(step(i, 4_000))
+    u.collective(call(1, 0, T0, None))
+    assert u.due(T0 + int((STALE_S + 1) * 1e9))
     for i in range(MAX_OPEN + 10):
         u.collective(call(i, 0, T0 + i, None))
     assert len(u._open) == MAX_OPEN
@@ -94,6 +100,8 @@ def test_the_agent_seals_a_vouching_envelope_without_records_while_a_call_is_blo
         assert [h["records"] for h in got] == [1, 0, 0]
         assert [h["complete_ns"] for h in got] == [T0, T0 + 250 * MS, T0 + 500 * MS]
         assert [h["batch_seq"] for h in got] == [0, 1, 2]
-        assert agent.urgency.due(T0 + 1_100 * MS)  # no steps yet: a second blocked is news
+        assert not agent.urgency.due(T0 + 1_100 * MS)  # no step yet: nothing is urgent
+        hand_over([["s", 0, 0, T0 - 400 * MS, T0]])  # 400 ms steps
+        assert agent.urgency.due(T0 + 500 * MS)
     finally:
         agent.sender.close()
