@@ -325,11 +325,8 @@ class DetectionEngine:
     def _hang_snapshot(self, rt: JobRuntime, state: JobState) -> HangSnapshot | None:
         """Collectives blocked for longer than the smallest timeout, under the job lock."""
         settings = rt.settings or self.settings
-        blocked = blocked_collectives(
-            state,
-            older_than_ns=blocked_before_ns(state, settings.hang_timeout_floor_s),
-            typical=rt.pipeline.comm_typical,
-        )
+        older = blocked_before_ns(state, settings.hang_timeout_floor_s)
+        blocked = blocked_collectives(state, older_than_ns=older, typical=rt.pipeline.comm_typical)
         if (
             not blocked
             and not rt.pipeline.opened.get(HANG_KEY)
