@@ -261,7 +261,10 @@ class HangDetector:
                 limit = self.rank_timeout_s(gap, timeout, floor)
                 by_gap.add(rank)
                 vouched = self._vouched_quiet(snap, rank, host, last_end, gap, timeout)
-                if vouched is not None and vouched[0] > vouched[1] and quiet_s <= limit:
+                # either judgement may name it; where both do, the one that could decide
+                # sooner dates it (a pass that comes late must not date it later)
+                if (vouched is not None and vouched[0] > vouched[1]
+                        and (quiet_s <= limit or vouched[1] < limit)):  # fmt: skip
                     quiet_s, limit = vouched
             elif sure:
                 limit = timeout

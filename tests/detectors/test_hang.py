@@ -229,6 +229,21 @@ def test_hosts_that_vouch_for_what_they_sent_get_a_stopped_rank_named_sooner() -
     assert HangDetector().analyse(vouched(base, NOW, 1.0)) is None
 
 
+def test_a_late_pass_dates_a_vouched_hang_as_a_timely_one_would() -> None:
+    """A pass that comes only once both judgements name 1 (1 quiet for 2 s, 0 blocked 1.8 s;
+    a replay faster than the detection loop) dates it where the vouched one first could: a
+    step after 0 began waiting (1 quiet for its gap and the announced 0.25 s by then), not
+    when 1 had been quiet for its gap and the 1 s floor (the eval's stuck ranks read 1.4
+    steps alone and 2.7 in a busy service before)."""
+    a = blocked("tp", (0, 1), {0: NOW - 18 * S // 10})
+    base = replace(gaps_snap(a, {1: NOW - 2 * S}, {1: 0.02}), step_time_s=0.4)
+    late = HangDetector().analyse(vouched(base, NOW, 0.25))
+    assert late is not None and late.roots == (1,)
+    assert late.detected_ns == NOW - 14 * S // 10  # (was NOW - 0.98 s: gap + floor)
+    alone = HangDetector().analyse(base)  # unvouched: the 1 s floor after 0 began waiting
+    assert alone is not None and alone.detected_ns == NOW - 8 * S // 10
+
+
 def test_a_host_that_stopped_vouching_is_judged_as_without() -> None:
     """1's process froze with its host's marks (SIGSTOP): its complete_ns stays 3 s old while
     the host's heartbeats go on. The vouched judgement cannot name it; the unvouched one does,
