@@ -256,10 +256,9 @@ class DetectionEngine:
                 if not rt.seeded:
                     self._seed(rt, state)
                 topo = state.topology
-                closed = state.close_frames(
-                    flush=flush,
-                    blocked_before_ns=blocked_before_ns(state, settings.hang_timeout_floor_s),
-                )
+                # (one bound per pass: it reads every host's vouch)
+                older = blocked_before_ns(state, settings.hang_timeout_floor_s)
+                closed = state.close_frames(flush=flush, blocked_before_ns=older)
                 state.new_data = False
                 if tuning.paused:  # consumed, not analysed: nothing is judged on them later
                     self.metrics.frames_paused.inc(len(closed) + len(rt.backlog))
@@ -276,7 +275,7 @@ class DetectionEngine:
                         rt.pipeline.work = work_weights(topo, rt.shares)
                 shape = rt.shape
                 snap = PassSnapshot(rt.slot_rank, rt.rank_info, state.watermark_ns)
-                hang_input = self._hang_snapshot(rt, state)
+                hang_input = self._hang_snapshot(rt, state, older)
             findings: list[Finding] = []
             job_rows: list[dict[str, Any]] = []
             rank_rows: list[dict[str, Any]] = []
@@ -322,10 +321,10 @@ class DetectionEngine:
             rt.backlog = rt.backlog[over:]
         return frames[: s.max_frames_per_pass]
 
-    def _hang_snapshot(self, rt: JobRuntime, state: JobState) -> HangSnapshot | None:
-        """Collectives blocked for longer than the smallest timeout, under the job lock."""
+    def _hang_snapshot(self, rt: JobRuntime, state: JobState, older: int) -> HangSnapshot | None:
+        """Collectives begun before ``older`` (the smallest timeout ago: ``blocked_before_ns``)
+        and blocked, under the job lock."""
         settings = rt.settings or self.settings
-        older = blocked_before_ns(state, settings.hang_timeout_floor_s)
         blocked = blocked_collectives(state, older_than_ns=older, typical=rt.pipeline.comm_typical)
         if (
             not blocked
