@@ -173,18 +173,17 @@ def completeness_view(state: JobState) -> dict[str, Any]:
     announce, how far behind the job's time the oldest ``complete_ns`` is, and the in-flight delay
     measured from the records (where hosts do not vouch)."""
     vouch = host_vouch(state)
-    now = state.watermark_ns
     measured = state.inflight_delay.delay_s()
+    # the host whose complete_ns is furthest behind (a frozen process holds its host's)
+    oldest = min(vouch, key=lambda h: vouch[h][0], default=None)
     return {
         "vouching_hosts": len(vouch),
         "hosts": len(state.topology.hosts),
         "inflight_after_s": max((a for _, a in vouch.values()), default=None),
-        # the host whose complete_ns is furthest behind (a frozen process holds its host's)
-        "oldest_complete": (
-            {"host": min(vouch, key=lambda h: vouch[h][0]),
-             "lag_s": round(max(0, now - min(c for c, _ in vouch.values())) / 1e9, 3)}
-            if vouch else None
-        ),  # fmt: skip
+        "oldest_complete": None if oldest is None else {
+            "host": oldest,
+            "lag_s": round(max(0, state.watermark_ns - vouch[oldest][0]) / 1e9, 3),
+        },
         "measured_inflight_delay_s": None if measured is None else round(measured, 3),
     }
 
