@@ -31,10 +31,12 @@ completes none. A tensor-parallel rank's gaps are milliseconds, so its hang is n
 a step; a data-parallel rank of a compute-bound job with one all-reduce per step has gaps of a
 step, and the full timeout decides. Ranks whose gaps are unknown wait for the full timeout.
 
-The floor of the suspect and quiet timeouts is the configured one, or the job's in-flight report
-delay as measured from its records where that is longer (``HangSnapshot.inflight_after_s``):
-with instrumentation that reports a call in flight only after seconds, ranks waiting in a call
-not reported yet were blamed besides the stopped one.
+The floor of the suspect and quiet timeouts is the configured one, lowered to how late the job's
+instrumentation sends a completed call as measured from its envelopes
+(``HangSnapshot.delivery_lag_s``), and raised to its in-flight report delay as measured from its
+records where that is longer (``HangSnapshot.inflight_after_s``): with instrumentation that
+reports a call in flight only after seconds, ranks waiting in a call not reported yet were
+blamed besides the stopped one.
 
 Where a host vouches for what it sent (``complete_ns``, ``inflight_after_ns``: docs/ingest-v1.md,
 "Completeness"), a missing rank is also judged by its quiet up to ``complete_ns``, with the
@@ -58,6 +60,7 @@ from failslow.detectors.hang_input import (
     BlockedCollective,
     HangFinding,
     HangSnapshot,
+    measured_floor_s,
 )
 
 
@@ -105,17 +108,17 @@ class HangDetector:
         return max(floor, self.timeout_factor * typical_s)
 
     def floor_of(self, snap: HangSnapshot) -> float:
-        """The floor of the suspect and quiet timeouts: the configured one, or the job's
-        in-flight report delay as measured where that is longer (instrumentation that reports a
-        call in flight only after 5 s: a rank absent from its host's envelopes for less than
-        that after its last completion may be inside a call not reported yet). Never lowered
-        below the configured floor by a shorter delay: a host's envelope may also lack its
-        processes' newest completions (the SDK hands them over every 0.5 s), which the
-        configured floor covers and the measured delay does not. The full timeout keeps the
-        configured floor."""
-        if snap.inflight_after_s is None:
-            return self.floor_s
-        return max(self.floor_s, snap.inflight_after_s)
+        """The floor of the suspect and quiet timeouts (:func:`measured_floor_s`): the configured
+        one, lowered to the job's measured delivery lag of completions (instrumentation sending
+        every 0.25 s: a rank absent for 0.3 s after its longest gap has completed nothing, it
+        is not merely unsent), and never below its measured in-flight report delay
+        (instrumentation that reports a call in flight only after 5 s: a rank absent from its
+        host's envelopes for less than that after its last completion may be inside a call not
+        reported yet). The configured floor holds while neither is known; the full timeout
+        keeps it always."""
+        return measured_floor_s(
+            self.floor_s, snap.delivery_lag_s, snap.inflight_after_s, snap.reorder_s
+        )
 
     def cut_floor(self, snap: HangSnapshot) -> float:
         """The floor of the suspect timeout: :meth:`floor_of`, or where every host vouches for

@@ -8,6 +8,26 @@ from dataclasses import dataclass, field
 
 # the least floor a vouched in-flight delay gives (clock granularity, an agent's scheduling)
 MIN_VOUCHED_FLOOR_S = 0.05
+# the measured delivery lag is the longest seen; a floor from it is this much longer
+LAG_MARGIN = 1.25
+
+
+def measured_floor_s(
+    floor_s: float, delivery_lag_s: float | None, inflight_after_s: float | None,
+    reorder_s: float = 0.0,
+) -> float:  # fmt: skip
+    """The floor of the suspect and quiet timeouts as the job's own data sets it: the configured
+    ``floor_s``, lowered to the measured delivery lag of completions where known (how long a
+    call that ended may stay out of what its host sent: ``LAG_MARGIN`` times the longest seen,
+    at least ``MIN_VOUCHED_FLOOR_S``), and never below the measured in-flight report delay
+    plus how far envelopes arrived behind their host's newer ones (a rank absent for less than
+    that after its last completion may be inside a call not reported yet)."""
+    floor = floor_s
+    if delivery_lag_s is not None:
+        floor = min(floor, max(MIN_VOUCHED_FLOOR_S, LAG_MARGIN * delivery_lag_s))
+    if inflight_after_s is not None:
+        floor = max(floor, inflight_after_s + reorder_s)
+    return floor
 
 
 def vouched_floor_s(
@@ -52,6 +72,10 @@ class HangSnapshot:
     # (complete_ns, inflight_after_s): every call of its ranks that ended by complete_ns was
     # sent, every call begun inflight_after_s before it and not ended was sent in flight
     host_vouch: Mapping[str, tuple[int, float]] = field(default_factory=dict)
+    # how long a completed call may stay out of what its host sent, as measured (s; None: too
+    # few envelopes yet), and how far an envelope arrived behind its host's newer ones (s)
+    delivery_lag_s: float | None = None
+    reorder_s: float = 0.0
 
     @property
     def vouched_floor_s(self) -> float | None:
@@ -71,9 +95,11 @@ class HangFinding:
 
 
 __all__ = [
+    "LAG_MARGIN",
     "MIN_VOUCHED_FLOOR_S",
     "BlockedCollective",
     "HangFinding",
     "HangSnapshot",
+    "measured_floor_s",
     "vouched_floor_s",
 ]

@@ -170,10 +170,10 @@ def clock_view(state: JobState) -> dict[str, Any]:
 def completeness_view(state: JobState) -> dict[str, Any]:
     """What the job's hosts vouch for (docs/ingest-v1.md, "Completeness"), which decides how
     soon a stopped rank can be named: how many of its hosts vouch, the in-flight delay they
-    announce, how far behind the job's time the oldest ``complete_ns`` is, and the in-flight delay
-    measured from the records (where hosts do not vouch)."""
+    announce, how far behind the job's time the oldest ``complete_ns`` is, and the in-flight and
+    delivery delays measured from the records (where hosts do not vouch)."""
     vouch = host_vouch(state)
-    measured = state.inflight_delay.delay_s()
+    measured, lag = state.inflight_delay.delay_s(), state.delivery_lag.lag_s()
     # the host whose complete_ns is furthest behind (a frozen process holds its host's)
     oldest = min(vouch, key=lambda h: vouch[h][0], default=None)
     return {
@@ -185,6 +185,7 @@ def completeness_view(state: JobState) -> dict[str, Any]:
             "lag_s": round(max(0, state.watermark_ns - vouch[oldest][0]) / 1e9, 3),
         },
         "measured_inflight_delay_s": None if measured is None else round(measured, 3),
+        "measured_delivery_lag_s": None if lag is None else round(lag, 3),
     }
 
 

@@ -139,3 +139,61 @@ class InflightDelay:
         """The job's in-flight report delay in seconds (None: no in-flight record seen)."""
         youngest = min(self._cur, self._prev)
         return None if youngest == self.NONE else youngest / 1e9
+
+
+MIN_LAG_ENVELOPES = 50  # envelopes with completions before the delivery lag is trusted
+
+
+class DeliveryLag:
+    """How long a completed call may stay out of what its host has sent, as measured: the
+    longest ``heard - end`` of a completion over a rotating window of event time (the longer of
+    the current and the previous window's), where ``heard`` is the newest ``sent_ns`` of its
+    host once the envelope carrying it arrived (one host's clock; an envelope that arrives
+    after a later one of its host counts from the later one's ``sent_ns``). And how far an
+    envelope arrived behind its host's newer ones (``reorder_s``): an in-flight report is late
+    by that much besides its own delay.
+
+    An agent sealing every ``I`` seconds, its processes handing over every ``h``, sends a call
+    up to about ``I + h`` after it ended; the longest over many envelopes approaches that. The
+    hang detector's floor may then be below the configured one (instrumentation flushing every
+    0.25 s: a rank absent for 0.4 s after its gap is quiet, not merely unsent;
+    :func:`failslow.detectors.hang_input.measured_floor_s`). None until ``min_envelopes``
+    envelopes carried a completion within the two windows: a few say little of the longest.
+    A backlog (an agent that could not send for a while) lengthens it for up to two windows,
+    which only makes the hang detector wait longer."""
+
+    def __init__(
+        self, window_ns: int = AGES_WINDOW_NS, min_envelopes: int = MIN_LAG_ENVELOPES
+    ) -> None:
+        self.windows = Windows(window_ns)
+        self.min_envelopes = min_envelopes
+        self._heard: dict[str, int] = {}  # per host: newest sent_ns
+        self._lag = [0, 0]  # longest lag (ns) in the current / previous window
+        self._reorder = [0, 0]  # longest arrival behind a newer envelope (ns), likewise
+        self._count = [0, 0]  # envelopes with a completion, likewise
+
+    def note(self, host: str, sent_ns: int, oldest_end_ns: int | None) -> None:
+        """An envelope of ``host`` applied; ``oldest_end_ns``: the end of the oldest call or
+        step it completed (None: it completed none)."""
+        before = self._heard.get(host, 0)
+        heard = self._heard[host] = max(before, sent_ns)
+        passed = self.windows.passed(heard)
+        if passed:
+            keep = passed == 1
+            self._lag = [0, self._lag[0] if keep else 0]
+            self._reorder = [0, self._reorder[0] if keep else 0]
+            self._count = [0, self._count[0] if keep else 0]
+        self._reorder[0] = max(self._reorder[0], before - sent_ns)
+        if oldest_end_ns is not None and 0 < oldest_end_ns <= sent_ns:
+            self._lag[0] = max(self._lag[0], heard - oldest_end_ns)
+            self._count[0] += 1
+
+    def lag_s(self) -> float | None:
+        """The longest delivery lag in seconds (None: too few envelopes to say)."""
+        if sum(self._count) < self.min_envelopes:
+            return None
+        return max(self._lag) / 1e9
+
+    def reorder_s(self) -> float:
+        """The longest an envelope arrived behind a newer one of its host (s)."""
+        return max(self._reorder) / 1e9

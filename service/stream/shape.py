@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from failslow.detectors.hang import BlockedCollective, HangSnapshot
-from failslow.detectors.hang_input import vouched_floor_s
+from failslow.detectors.hang_input import measured_floor_s, vouched_floor_s
 from failslow.detectors.types import KIND_INDEX, P2P, JobShape, PeerGroups
 from failslow.detectors.vocab import CommKind
 from failslow.service.stream.frames import NEVER
@@ -171,6 +171,8 @@ def hang_snapshot(
         rank_gap_s=gaps,
         inflight_after_s=state.inflight_delay.delay_s(),
         host_vouch=host_vouch(state),
+        delivery_lag_s=state.delivery_lag.lag_s(),
+        reorder_s=state.delivery_lag.reorder_s(),
     )
 
 
@@ -183,8 +185,13 @@ def host_vouch(state: JobState) -> dict[str, tuple[int, float]]:
 def blocked_before_ns(state: JobState, floor_s: float) -> int:
     """The collectives the hang detector is given began before this: the smallest timeout it
     may apply ago, the configured floor or, where every host vouches for what it sent, the
-    delay they announced (:func:`~failslow.detectors.hang_input.vouched_floor_s`); a stopped
-    rank on 0.4 s steps was otherwise never judged before its peers had waited the full floor."""
-    vouched = vouched_floor_s(state.topology.hosts.keys(), host_vouch(state))
-    floor = floor_s if vouched is None else min(floor_s, vouched)
-    return state.watermark_ns - int(floor * 1e9)
+    delay they announced (:func:`~failslow.detectors.hang_input.vouched_floor_s`), else the
+    floor the job's measured delays give where lower
+    (:func:`~failslow.detectors.hang_input.measured_floor_s`); a stopped rank on 0.4 s steps was
+    otherwise never judged before its peers had waited the full floor."""
+    floor = vouched_floor_s(state.topology.hosts.keys(), host_vouch(state))
+    if floor is None:
+        lag = state.delivery_lag
+        floor = measured_floor_s(floor_s, lag.lag_s(), state.inflight_delay.delay_s(),
+                                 lag.reorder_s())  # fmt: skip
+    return state.watermark_ns - int(min(floor_s, floor) * 1e9)

@@ -69,6 +69,7 @@ def apply_v1(state: JobState, env: Envelope) -> ApplyResult:
         start_c.append(rec.start_ns)
         end_c.append(NO_END if rec.end_ns is None else rec.end_ns)
     result.count(RecordKind.COLLECTIVE, len(comm_c), duplicates)
+    oldest = min((e for e in end_c if e != NO_END), default=None)  # (delivery lag)
     if comm_c:
         n = len(comm_c)
         starts, ends = np.array(start_c, np.int64), np.array(end_c, np.int64)
@@ -96,5 +97,8 @@ def apply_v1(state: JobState, env: Envelope) -> ApplyResult:
             continue
         dup = outcome is Outcome.DUPLICATE
         result.count(RecordKind.STEP, 0 if dup else 1, 1 if dup else 0)
+        if not dup:
+            oldest = step.end_ns if oldest is None else min(oldest, step.end_ns)
     topo.vouch(env.host, env.complete_ns, env.inflight_after_ns)  # (after its records)
+    state.delivery_lag.note(env.host, env.sent_ns, oldest)
     return state.finish(result, env.host, env.sent_ns, env.agent, env.batch_seq)

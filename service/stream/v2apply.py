@@ -21,7 +21,7 @@ import numpy as np
 from failslow.service.stream import v2check
 from failslow.service.stream.columnar import HostTopology, UnknownTopology, lookup
 from failslow.service.stream.records import RecordKind, Reject
-from failslow.wire.v2 import Layout, concat
+from failslow.wire.v2 import NO_END, Layout, concat
 
 if TYPE_CHECKING:
     from failslow.service.stream.state import ApplyResult, JobState
@@ -38,6 +38,7 @@ class _Claimed:
     ht: HostTopology
     host_index: int
     seen_ns: int  # the job's event time once it was claimed
+    oldest_end_ns: int | None = None  # of the calls and steps it completed (delivery lag)
 
 
 def apply_v2(state: JobState, header: dict[str, Any], body: bytes, layout: Layout) -> ApplyResult:
@@ -91,6 +92,7 @@ def _apply(state: JobState, claimed: list[_Claimed]) -> None:
     for c in claimed:
         h = c.header
         state.topology.vouch(h["host"], h.get("complete_ns"), h.get("inflight_after_ns"))
+        state.delivery_lag.note(h["host"], h["sent_ns"], c.oldest_end_ns)
         state.finish(c.result, h["host"], h["sent_ns"], h.get("agent"), h.get("batch_seq"),
                      settle=False)  # fmt: skip
 
@@ -123,6 +125,8 @@ def _apply_run(state: JobState, run: list[_Claimed]) -> None:
     per_env = np.bincount(env, minlength=len(run)).tolist()
     for x, n in zip(run, per_env, strict=True):
         x.result.count(RecordKind.COLLECTIVE, n)
+    ended = c["end_ns"].astype(np.int64, copy=False) != NO_END
+    _note_oldest(run, env[ended], c["end_ns"][ended])
     _apply_steps(state, run, cols.steps, jit)
 
 
@@ -156,12 +160,24 @@ def _apply_steps(state: JobState, run: list[_Claimed], s: dict[str, np.ndarray],
     for i, exc in errors:
         e = int(env[i])
         run[e].result.reject(f"steps[{int(index[i] - first[e])}]", exc)
+    _note_oldest(run, env[fresh], s["end_ns"][fresh])
     new = np.bincount(env[fresh], minlength=len(run)).tolist()
     given = np.bincount(env, minlength=len(run)).tolist()
     failed = np.bincount(np.array([int(env[i]) for i, _ in errors], np.int64),
                          minlength=len(run)).tolist()  # fmt: skip
     for x, n, g, f in zip(run, new, given, failed, strict=True):
         x.result.count(RecordKind.STEP, n, g - n - f)
+
+
+def _note_oldest(run: list[_Claimed], env: np.ndarray, end: np.ndarray) -> None:
+    """Each envelope's oldest completion among ``end`` (its index in ``run`` by ``env``)."""
+    if not end.size:
+        return
+    oldest = np.full(len(run), np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(oldest, env, end.astype(np.int64, copy=False))
+    for x, o in zip(run, oldest.tolist(), strict=True):
+        if o != np.iinfo(np.int64).max:
+            x.oldest_end_ns = o if x.oldest_end_ns is None else min(x.oldest_end_ns, o)
 
 
 def _envelope_of(counts: list[int]) -> np.ndarray:

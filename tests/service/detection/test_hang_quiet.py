@@ -11,7 +11,7 @@ import pytest
 
 from failslow.harness.simulator import Fault, Layout, Scenario
 from failslow.harness.simulator.model import Workload
-from failslow.service.stream.quiet import InflightDelay
+from failslow.service.stream.quiet import DeliveryLag, InflightDelay
 from tests.simrun import run
 
 LONG = Workload(fwd_s=0.048, bwd_s=0.096, optimizer_s=0.08)
@@ -77,6 +77,18 @@ def short(fault: Fault, steps: int, *, vouch: bool, batch_s: float = 0.5) -> Sce
                     vouch=vouch)  # fmt: skip
 
 
+def hang_delay_steps(sc: Scenario) -> float:
+    """Steps from a stopped rank 10's onset to the hang naming it alone."""
+    r = run(sc)
+    hangs = r.opened("hang")
+    assert hangs, r.findings
+    f = hangs[0][1]
+    assert [r.state.topology.slot_rank[s] for s in f.slots] == [10]
+    onset = r.labels["faults"][0]["onset_ns"]
+    step_s = (onset - r.labels["t0_ns"]) / 1e9 / ONSET
+    return (f.detected_ns - onset) / 1e9 / step_s
+
+
 @pytest.mark.parametrize("batch_s", [0.5, 1.0])
 def test_on_short_steps_vouched_envelopes_get_a_stopped_rank_named_within_two_steps(
     batch_s: float,
@@ -85,18 +97,38 @@ def test_on_short_steps_vouched_envelopes_get_a_stopped_rank_named_within_two_st
     floor be the announced 0.25 s in-flight delay, also for which collectives the detector is
     given (``blocked_before_ns``), and agents seal every 0.25 s while a call is blocked a step:
     within two steps with the default 1 s flushes too (2.7 steps before both). Without, the
-    configured 1 s floor holds (neither lag is known) and it takes more than two steps."""
-    delays = {}
-    for vouch in (True, False):
-        r = run(short(Fault("hang", ONSET, ranks=(10,)), ONSET + 25, vouch=vouch, batch_s=batch_s))
-        hangs = r.opened("hang")
-        assert hangs, r.findings
-        f = hangs[0][1]
-        assert [r.state.topology.slot_rank[s] for s in f.slots] == [10]
-        onset = r.labels["faults"][0]["onset_ns"]
-        step_s = (onset - r.labels["t0_ns"]) / 1e9 / ONSET
-        delays[vouch] = (f.detected_ns - onset) / 1e9 / step_s
-    assert delays[True] <= 2.0 < delays[False], delays
+    floor is what the envelopes' measured delivery lag gives (``DeliveryLag``): flushed every
+    0.5 s, within two steps as well; every 1 s, the configured 1 s floor holds and it takes
+    more than two steps."""
+    hang = Fault("hang", ONSET, ranks=(10,))
+    delays = {v: hang_delay_steps(short(hang, ONSET + 25, vouch=v, batch_s=batch_s))
+              for v in (True, False)}  # fmt: skip
+    assert delays[True] <= 2.0, delays
+    assert (delays[False] <= 2.0) is (batch_s == 0.5), delays
+
+
+def test_without_the_measured_delivery_lag_unvouched_envelopes_wait_for_the_floor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Other instrumentation flushing every 0.5 s, vouching for nothing: within two steps with
+    the delivery lag measured from its envelopes, more without it (the configured 1 s floor)."""
+    sc = short(Fault("hang", ONSET, ranks=(10,)), ONSET + 25, vouch=False, batch_s=0.5)
+    assert hang_delay_steps(sc) <= 2.0
+    monkeypatch.setattr(DeliveryLag, "lag_s", lambda self: None)
+    assert hang_delay_steps(sc) > 2.0
+
+
+@pytest.mark.parametrize("batch_s", [0.25, 0.5])
+@pytest.mark.parametrize("factor", [2.0, 3.0, 10.0])
+def test_on_short_steps_unvouched_envelopes_name_no_straggler_a_hang(
+    factor: float, batch_s: float
+) -> None:
+    """The floor from the measured delivery lag (0.3-0.6 s here) blames no straggler: its
+    ranks keep completing calls, and ranks waiting for it are reported in flight."""
+    fault = Fault("slow_gpu", ONSET, factor=factor, ranks=(10,))
+    r = run(short(fault, ONSET + 20, vouch=False, batch_s=batch_s))
+    assert not r.opened("hang"), r.opened("hang")
+    assert [rank for rank, _ in r.opened("slow_gpu")] == [10]
 
 
 @pytest.mark.parametrize("batch_s", [0.5, 1.0])

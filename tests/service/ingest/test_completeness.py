@@ -98,4 +98,5 @@ def test_where_every_host_vouches_the_hang_detector_is_given_younger_collectives
     lag = round((state.watermark_ns - (T0 + 900 * MS)) / 1e9, 3)
     assert shown == {"vouching_hosts": 2, "hosts": 3, "inflight_after_s": 0.25,
                      "oldest_complete": {"host": "h0", "lag_s": lag},
-                     "measured_inflight_delay_s": None}  # fmt: skip
+                     "measured_inflight_delay_s": None,
+                     "measured_delivery_lag_s": None}  # fmt: skip

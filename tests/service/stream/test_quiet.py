@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from failslow.service.stream.quiet import InflightDelay, QuietGaps
+from failslow.service.stream.quiet import DeliveryLag, InflightDelay, QuietGaps
 from failslow.wire.v2 import NO_END
 
 MS = 1_000_000
@@ -59,3 +59,26 @@ def test_inflight_delay_is_the_youngest_report_of_any_host() -> None:
     later = t + 1_300 * S
     d.note(later, np.array([later - 3 * S]), np.array([NO_END]))
     assert d.delay_s() == 3.0
+
+
+def test_delivery_lag_is_the_longest_a_completion_stayed_out_of_what_its_host_sent() -> None:
+    d = DeliveryLag(window_ns=600 * S, min_envelopes=3)
+    t = 1_000 * S
+    d.note("a", t, t - 200 * MS)
+    d.note("a", t + 250 * MS, t + 100 * MS)  # 150 ms
+    assert d.lag_s() is None  # two envelopes: too few to say
+    d.note("b", t + 10 * MS, None)  # nothing completed: no lag (and not counted)
+    assert d.lag_s() is None
+    d.note("b", t + 20 * MS, t - 50 * MS)
+    assert d.lag_s() == 0.2 and d.reorder_s() == 0.0
+    # an envelope of "a" that arrives after a newer one of its host (sent 300 ms before it):
+    # its completion was out of what "a" had been heard of until that newer one, 400 ms
+    d.note("a", t - 50 * MS, t - 150 * MS)
+    assert d.lag_s() == 0.4 and d.reorder_s() == 0.3
+    d.note("a", t, t + 5 * S)  # an end after its own envelope was sent: a bad record
+    assert d.lag_s() == 0.4
+    # two windows later what was seen then is forgotten
+    later = t + 1_300 * S
+    for i in range(3):
+        d.note("a", later + i * S, later + i * S - 100 * MS)
+    assert d.lag_s() == 0.1 and d.reorder_s() == 0.0

@@ -119,6 +119,9 @@ def test_grouped_equals_one_by_one(seed: int, jit: bool) -> None:
     assert one.deltas == grouped.deltas and one.streams == grouped.streams
     assert one.dirty_streams == grouped.dirty_streams
     assert one.watermark_ns == grouped.watermark_ns
+    lags = [(s.delivery_lag._lag, s.delivery_lag._count, s.delivery_lag._reorder)
+            for s in (one, grouped)]  # fmt: skip
+    assert lags[0] == lags[1] and lags[0][1][0] > 0 and lags[0][0][0] > 0  # (delivery lag)
     _same(_frames(one), _frames(grouped))
     for state in (one, grouped):
         state.drain_ready()
