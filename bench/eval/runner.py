@@ -9,6 +9,7 @@ Megatron traces and the TCPD benchmark. Prints one table per part and writes one
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import json
 import os
@@ -142,6 +143,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--only", help="run scenarios whose name contains this (a,b: either)")
     ap.add_argument("--skip-real", action="store_true", help="skip the OSDI'25 traces and TCPD")
+    ap.add_argument(
+        "--plain-envelopes",
+        action="store_true",
+        help="send envelopes as instrumentation that vouches for nothing does (no complete_ns "
+        "or inflight_after_ns, no extra envelopes while a call is blocked): the hang detector "
+        "then has only what it measures from the records",
+    )
     ap.add_argument("--json", default=str(ROOT / "bench" / "results" / "eval.json"))
     ap.add_argument(
         "--mitigation",
@@ -166,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
             for c in suite.cases(quick=args.quick, seeds=args.seeds)
             if not args.only or any(o in c.name for o in args.only.split(","))
         ]
+        if args.plain_envelopes:
+            todo = [dataclasses.replace(c, scenario=dataclasses.replace(c.scenario, vouch=False))
+                    for c in todo]  # fmt: skip
         for n, case in enumerate(todo, 1):
             scored, table, labels = run_case(svc, case)
             results.append(scored)
@@ -197,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         "scenarios": [r.__dict__ for r in results],
         "osdi25": osdi_results,
         "tcpd": tcpd_result,
+        "envelopes": "plain" if args.plain_envelopes else "vouched",
         "seconds": round(time.monotonic() - started, 1),
     }
     print(table_text(results))
