@@ -150,6 +150,11 @@ def main(argv: list[str] | None = None) -> int:
         "or inflight_after_ns, no extra envelopes while a call is blocked): the hang detector "
         "then has only what it measures from the records",
     )
+    ap.add_argument(
+        "--batch-s",
+        type=float,
+        help="every host flushes this often (s; default: each scenario's own)",
+    )
     ap.add_argument("--json", default=str(ROOT / "bench" / "results" / "eval.json"))
     ap.add_argument(
         "--mitigation",
@@ -174,8 +179,11 @@ def main(argv: list[str] | None = None) -> int:
             for c in suite.cases(quick=args.quick, seeds=args.seeds)
             if not args.only or any(o in c.name for o in args.only.split(","))
         ]
-        if args.plain_envelopes:
-            todo = [dataclasses.replace(c, scenario=dataclasses.replace(c.scenario, vouch=False))
+        if args.plain_envelopes or args.batch_s:
+            change: dict[str, Any] = {"vouch": False} if args.plain_envelopes else {}
+            if args.batch_s:
+                change["batch_s"] = args.batch_s
+            todo = [dataclasses.replace(c, scenario=dataclasses.replace(c.scenario, **change))
                     for c in todo]  # fmt: skip
         for n, case in enumerate(todo, 1):
             scored, table, labels = run_case(svc, case)
@@ -209,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         "osdi25": osdi_results,
         "tcpd": tcpd_result,
         "envelopes": "plain" if args.plain_envelopes else "vouched",
+        "batch_s": args.batch_s,
         "seconds": round(time.monotonic() - started, 1),
     }
     print(table_text(results))
