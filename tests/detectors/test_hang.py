@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from failslow.detectors.hang import BlockedCollective, HangDetector, HangSnapshot
+from failslow.detectors.hang_input import LAG_MARGIN, MIN_VOUCHED_FLOOR_S, measured_floor_s
 
 S = 1_000_000_000
 NOW = 100 * S
@@ -262,3 +263,16 @@ def test_vouching_names_no_straggler() -> None:
     a = blocked("tp", (0, 1), {0: NOW - S // 2})
     base = replace(gaps_snap(a, {1: NOW - 3 * S // 10}, {1: 0.1}), step_time_s=0.4)
     assert HangDetector().analyse(vouched(base, NOW, 0.25)) is None
+
+
+def test_the_measured_floor_lowers_the_configured_one_to_the_delivery_lag_only() -> None:
+    """The floor from the job's measured delays (``measured_floor_s``): the delivery lag with
+    its margin may lower the configured floor, never raise it; the in-flight delay plus the
+    envelopes' reordering is a lower bound whatever the lag says; unknown lags change nothing."""
+    assert measured_floor_s(1.0, None, None) == 1.0
+    assert measured_floor_s(1.0, 0.5, 0.25) == 0.5 * LAG_MARGIN
+    assert measured_floor_s(1.0, 2.0, 0.25) == 1.0  # a longer lag: the configured floor
+    assert measured_floor_s(1.0, 0.5, 0.7) == 0.7  # never below the in-flight delay ...
+    assert measured_floor_s(1.0, 0.5, 0.7, 0.2) == 0.7 + 0.2  # ... plus the reordering
+    assert measured_floor_s(1.0, 0.5, 3.0) == 3.0  # late in-flight reports raise it, as before
+    assert measured_floor_s(1.0, 0.0, 0.0) == MIN_VOUCHED_FLOOR_S
