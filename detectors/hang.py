@@ -7,7 +7,8 @@ as the ranks the others wait for, directly or transitively, that are not themsel
 * a rank missing from a blocked collective that is not inside any blocked collective itself
   (stuck in compute, or never arrived);
 * a rank stuck inside an operation its peers already completed;
-* a rank whose host stopped reporting (no envelope for ``dead_after_s`` of event time).
+* a rank whose host stopped reporting (no envelope for ``SILENCE_FACTOR`` times the host's own
+  longest recent gap between envelopes, at most ``dead_after_s``, of event time).
 
 Roots are sinks only: a rank in flight in any blocked collective or p2p that waits for another
 rank is followed, never blamed. A missing rank is quiet only as far as its host has reported: a
@@ -56,12 +57,15 @@ from __future__ import annotations
 
 from failslow.detectors.defaults import DEFAULTS
 from failslow.detectors.hang_input import (
+    MIN_SILENCE_S,
     MIN_VOUCHED_FLOOR_S,
+    SILENCE_FACTOR,
     BlockedCollective,
     HangFinding,
     HangSnapshot,
     measured_floor_s,
 )
+from failslow.detectors.hang_stall import stalled
 
 
 class HangDetector:
@@ -128,6 +132,19 @@ class HangDetector:
         vouched = snap.vouched_floor_s
         return self.floor_of(snap) if vouched is None else vouched
 
+    def silent_after_s(self, snap: HangSnapshot, host: str) -> float:
+        """How long ``host`` may send nothing while others do before its ranks count as
+        stopped with it: ``SILENCE_FACTOR`` times its own longest recent gap between envelopes,
+        plus the furthest behind the job's "now" its envelopes arrived (a clock running behind,
+        a relay), at most ``dead_after_s`` (which holds where its cadence is unknown). Only
+        ranks that blocked collectives wait for are named so: a host whose agent is merely late
+        has ranks that complete their collectives with their peers."""
+        cadence = snap.host_cadence_s.get(host)
+        if cadence is None:
+            return self.dead_after_s
+        gap, behind = cadence
+        return min(self.dead_after_s, max(MIN_SILENCE_S, SILENCE_FACTOR * gap + behind))
+
     def rank_timeout_s(self, gap_s: float, full_s: float, floor_s: float | None = None) -> float:
         """How long a rank may complete nothing: ``quiet_factor`` times its longest recent gap
         between two completed calls (a straggler f times slower stretches its gaps f times,
@@ -157,7 +174,10 @@ class HangDetector:
         dead_hosts = sorted(
             h for h, last in snap.host_last_ns.items() if (now - last) / 1e9 > self.dead_after_s
         )
-        dead = set(dead_hosts)
+        # hosts silent for longer than their own cadence allows: their ranks stopped with them
+        silent = {h: last for h, last in snap.host_last_ns.items()
+                  if (now - last) / 1e9 > self.silent_after_s(snap, h)}  # fmt: skip
+        dead = set(silent)
         live: list[tuple[BlockedCollective, float]] = []  # someone is still inside
         hung: list[tuple[BlockedCollective, float]] = []  # past the full timeout ...
         suspect: list[tuple[BlockedCollective, float]] = []  # ... past the suspect one
@@ -187,7 +207,8 @@ class HangDetector:
         full = {id(b) for b, _ in hung}
         hung += suspect
         if not hung:
-            return self._stalled(snap, dead_hosts)
+            return stalled(snap, dead_hosts, dead_after_s=self.dead_after_s,
+                           stall_factor=self.stall_factor, stall_floor_s=self.stall_floor_s)
         # Where each rank waits: collectives it is inside that none of its peers completed. A
         # rank inside one its peers did complete finished it with them (collectives end
         # together), its own end record is on its way: that counts as progress, when they ended.
@@ -307,9 +328,12 @@ class HangDetector:
         detected = min(
             max(_waiting_since(b) + int(crossed[id(b)] * 1e9), b.seen_ns) for b, _ in hung
         )
-        if missing and not (stuck_inside or dead_ranks):
-            quiet_enough = min(last_end.get(r, 0) + int(t * 1e9) for r, t in missing.items())
-            detected = max(detected, quiet_enough)
+        if not stuck_inside:  # and not before the first root's own evidence sufficed
+            enough = [last_end.get(r, 0) + int(t * 1e9) for r, t in missing.items()]
+            enough += [silent[h] + int(self.silent_after_s(snap, h) * 1e9)
+                       for h in {snap.host_of_rank[r] for r in dead_ranks}]  # fmt: skip
+            if enough:  # (none: a cycle, decided when its collective crossed the timeout)
+                detected = max(detected, min(enough))
         detected = min(max(detected, onset), now)
         hosts = tuple(sorted({snap.host_of_rank[r] for r in roots if r in snap.host_of_rank}))
         parts = []
@@ -320,7 +344,8 @@ class HangDetector:
                 f"rank(s) {sorted(stuck_inside)[:8]} stuck inside an op their peers completed"
             )
         if dead_ranks:
-            parts.append(f"host(s) {dead_hosts} stopped reporting")
+            stopped = sorted({snap.host_of_rank[r] for r in dead_ranks})
+            parts.append(f"host(s) {stopped[:8]} stopped reporting")
         reason = (
             f"{len(hung)} collective(s) blocked for up to {(now - onset) / 1e9:.1f} s; "
             + "; ".join(parts or [how])
@@ -342,46 +367,12 @@ class HangDetector:
                 }
                 for b, timeout in sorted(hung, key=lambda x: (x[0].comm, x[0].seq))[:20]
             ],
-            "dead_hosts": dead_hosts,
+            "dead_hosts": sorted(silent),
             "waiting_ranks": waiting,
             "progressing": dict(sorted(progressing.items())[:16]),
             "rule": how,
         }
         return HangFinding(tuple(sorted(roots)), hosts, onset, detected, reason, evidence)
-
-    def _stalled(self, snap: HangSnapshot, dead_hosts: list[str]) -> HangFinding | None:
-        """No blocked collectives known, but no progress either (no in-flight reporting).
-
-        Only with a silent host: a job that simply finished while its agents keep heartbeating
-        must not look hung.
-        """
-        if not snap.last_progress_ns or not dead_hosts:
-            return None
-        limit = self.stall_floor_s
-        if snap.step_time_s == snap.step_time_s:
-            limit = max(limit, self.stall_factor * snap.step_time_s)
-        idle = (snap.now_ns - snap.last_progress_ns) / 1e9
-        if idle <= limit:
-            return None
-        roots = tuple(sorted(r for r, h in snap.host_of_rank.items() if h in dead_hosts))
-        reason = f"no step or collective completed for {idle:.1f} s while hosts keep reporting"
-        reason += f"; host(s) {dead_hosts} stopped reporting"
-        silent_since = min(snap.host_last_ns[h] for h in dead_hosts)
-        detected = min(
-            snap.now_ns,
-            max(
-                silent_since + int(self.dead_after_s * 1e9),
-                snap.last_progress_ns + int(limit * 1e9),
-            ),
-        )
-        return HangFinding(
-            roots,
-            tuple(dead_hosts),
-            snap.last_progress_ns,
-            detected,
-            reason,
-            {"dead_hosts": dead_hosts, "rule": "stall"},
-        )
 
 
 def _waiting_since(b: BlockedCollective) -> int:

@@ -10,6 +10,11 @@ from dataclasses import dataclass, field
 MIN_VOUCHED_FLOOR_S = 0.05
 # the measured delivery lag is the longest seen; a floor from it is this much longer
 LAG_MARGIN = 1.25
+# a host silent for this many times its longest recent gap between envelopes, and at least
+# this long, has stopped (the lab's agents, flushing every 0.5 s and skipping empty batches,
+# went 1.5 s between envelopes while healthy, and so did one whose CPU was starved)
+SILENCE_FACTOR = 2.0
+MIN_SILENCE_S = 2.0
 
 
 def measured_floor_s(
@@ -76,6 +81,9 @@ class HangSnapshot:
     # few envelopes yet), and how far an envelope arrived behind its host's newer ones (s)
     delivery_lag_s: float | None = None
     reorder_s: float = 0.0
+    # per host: its longest recent gap between two envelopes and the furthest behind "now" one
+    # arrived (s: its clock's lag, a relay's); absent: too few seen
+    host_cadence_s: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def vouched_floor_s(self) -> float | None:
@@ -96,7 +104,9 @@ class HangFinding:
 
 __all__ = [
     "LAG_MARGIN",
+    "MIN_SILENCE_S",
     "MIN_VOUCHED_FLOOR_S",
+    "SILENCE_FACTOR",
     "BlockedCollective",
     "HangFinding",
     "HangSnapshot",

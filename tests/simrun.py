@@ -25,6 +25,7 @@ class Run:
     state: JobState
     pipeline: JobPipeline
     labels: dict[str, Any]  # the scenario's ground truth (fault onsets in event time)
+    found_ns: list[int]  # per finding: the job's event time at the pass that made it
 
     def opened(self, kind: str | None = "slow_gpu") -> list[tuple[int, Finding]]:
         return [
@@ -57,6 +58,7 @@ def run(
         baseline_frames=d.baseline_frames,
     )
     findings: list[tuple[int, Finding]] = []
+    found_ns: list[int] = []
     frames = 0
 
     def drain(flush: bool = False) -> None:
@@ -82,6 +84,7 @@ def run(
         slot_of = {r: i for i, r in enumerate(topo.slot_rank)}
         for f in pipe.check_hang(snap, slot_of):
             findings.append((topo.slot_rank[f.slots[0]] if f.slots else -1, f))
+        found_ns.extend([state.watermark_ns] * (len(findings) - len(found_ns)))
 
     sim = scenario.simulation() if isinstance(scenario, Scenario) else None
     envelopes = scenario.envelopes(sim) if sim is not None else scenario.envelopes()
@@ -93,4 +96,4 @@ def run(
         drain()
     drain(flush=True)
     labels = scenario.labels(sim) if sim is not None else {}  # a replayed trace has none
-    return Run(findings, frames, state, pipe, labels)
+    return Run(findings, frames, state, pipe, labels, found_ns)

@@ -197,3 +197,57 @@ class DeliveryLag:
     def reorder_s(self) -> float:
         """The longest an envelope arrived behind a newer one of its host (s)."""
         return max(self._reorder) / 1e9
+
+
+CADENCE_WINDOW_NS = 60_000_000_000  # event time per window of envelope gaps
+MIN_CADENCE_GAPS = 10  # gaps between a host's envelopes before its longest one is trusted
+
+
+class HostCadence:
+    """How often each host sends: the longest gap between the ``sent_ns`` of consecutive
+    envelopes of a host (one host's clock), and the furthest behind the job's event-time "now"
+    its envelopes arrived (``now - sent_ns`` as each came: a host whose clock runs behind, or
+    whose envelopes come late through a relay), each over a rotating window of event time (the
+    longer of the current and the previous window's: a starting job's idle heartbeats age out).
+    The hang detector takes a host silent for well over its gap, past how far behind it usually
+    is, as stopped (:meth:`failslow.detectors.hang.HangDetector.silent_after_s`), not only after
+    the configured ``dead_after_s``. An envelope older than its host's newest adds no gap."""
+
+    def __init__(
+        self, window_ns: int = CADENCE_WINDOW_NS, min_gaps: int = MIN_CADENCE_GAPS
+    ) -> None:
+        self.windows = Windows(window_ns)
+        self.min_gaps = min_gaps
+        self._last: dict[str, int] = {}  # per host: newest sent_ns
+        self._count: dict[str, int] = {}  # per host: gaps seen
+        # per host: (longest gap, furthest behind) in ns, in the current and the previous window
+        self._cur: dict[str, tuple[int, int]] = {}
+        self._prev: dict[str, tuple[int, int]] = {}
+
+    def note(self, host: str, sent_ns: int, now_ns: int) -> None:
+        """An envelope of ``host`` sealed at ``sent_ns`` arrived; ``now_ns``: the job's "now"
+        before it (0: nothing heard yet)."""
+        passed = self.windows.passed(max(sent_ns, now_ns))
+        if passed:
+            self._prev, self._cur = self._cur if passed == 1 else {}, {}
+        gap0, behind0 = self._cur.get(host, (0, 0))
+        behind = max(behind0, now_ns - sent_ns if now_ns else 0)
+        last = self._last.get(host)
+        gap = 0
+        if last is None or sent_ns > last:
+            self._last[host] = sent_ns
+            if last is not None:
+                gap = sent_ns - last
+                self._count[host] = self._count.get(host, 0) + 1
+        self._cur[host] = (max(gap0, gap), behind)
+
+    def longest_s(self) -> dict[str, tuple[float, float]]:
+        """Per host with enough gaps seen (and one within the two windows): its longest gap
+        and the furthest behind it arrived (s)."""
+        out = {}
+        for host, n in self._count.items():
+            cur, prev = self._cur.get(host, (0, 0)), self._prev.get(host, (0, 0))
+            gap = max(cur[0], prev[0])
+            if n >= self.min_gaps and gap > 0:
+                out[host] = (gap / 1e9, max(cur[1], prev[1]) / 1e9)
+        return out

@@ -173,6 +173,7 @@ def hang_snapshot(
         host_vouch=host_vouch(state),
         delivery_lag_s=state.delivery_lag.lag_s(),
         reorder_s=state.delivery_lag.reorder_s(),
+        host_cadence_s=state.cadence.longest_s(),
     )
 
 

@@ -27,7 +27,7 @@ from failslow.service.stream.clock import EventClock
 from failslow.service.stream.frames import FrameBuilder
 from failslow.service.stream.join import MAX_BLOCKED, Joiner, PendingGroup
 from failslow.service.stream.ledger import Ledger
-from failslow.service.stream.quiet import DeliveryLag, InflightDelay
+from failslow.service.stream.quiet import DeliveryLag, HostCadence, InflightDelay
 from failslow.service.stream.records import (
     Envelope,
     Outcome,
@@ -110,6 +110,7 @@ class JobState:
         self.first_seen_ns: int | None = None
         self.inflight_delay = InflightDelay()  # how soon in-flight calls are reported (hangs)
         self.delivery_lag = DeliveryLag()  # how late completed ones may be sent (hangs)
+        self.cadence = HostCadence()  # how often each host sends (hangs: a silent host)
         self.last_wall = time.monotonic()
         self.streams: dict[tuple[str, str], int] = {}  # (host, agent) -> last batch_seq
         self.dirty_streams: set[tuple[str, str]] = set()
@@ -168,6 +169,7 @@ class JobState:
                 self.streams[stream] = batch_seq
                 self.dirty_streams.add(stream)
         self.topology.touch_host(host, sent_ns, wall)
+        self.cadence.note(host, sent_ns, self.clock.watermark_ns)
         self.last_wall = wall
         if self.first_seen_ns is None:
             self.first_seen_ns = sent_ns

@@ -276,3 +276,27 @@ def test_the_measured_floor_lowers_the_configured_one_to_the_delivery_lag_only()
     assert measured_floor_s(1.0, 0.5, 0.7, 0.2) == 0.7 + 0.2  # ... plus the reordering
     assert measured_floor_s(1.0, 0.5, 3.0) == 3.0  # late in-flight reports raise it, as before
     assert measured_floor_s(1.0, 0.0, 0.0) == MIN_VOUCHED_FLOOR_S
+
+
+def test_a_silent_host_is_dated_when_its_silence_sufficed_not_when_the_wait_began() -> None:
+    """A host silent for 2x its own longest recent gap between envelopes (1.2 s: 2.4 s) has
+    stopped with its ranks; where its cadence is unknown, only ``dead_after_s`` (5 s) says so.
+    Either way the hang is dated when the silence sufficed: it was dated when the blocked
+    collective crossed its timeout, seconds before the host could be called silent."""
+    last_sent = NOW - 3 * S  # h3's last envelope; the others' are from NOW
+    a = blocked("dp", (0, 4, 8, 12), {0: NOW - 4 * S, 4: NOW - 4 * S, 8: NOW - 4 * S})
+    hosts = {r: f"h{r // 4}" for r in range(16)}
+    last = {f"h{i}": (last_sent if i == 3 else NOW) for i in range(4)}
+    base = HangSnapshot(NOW, (a,), hosts, last, NOW - 3 * S, 0.4, {12: last_sent - S // 10})
+    assert HangDetector().analyse(base) is None  # silent 3 s: not the 5 s of dead_after_s
+    known = replace(base, host_cadence_s={f"h{i}": (1.2, 0.0) for i in range(4)})
+    f = HangDetector().analyse(known)
+    assert f is not None and f.roots == (12,) and f.evidence["dead_hosts"] == ["h3"]
+    assert f.detected_ns == last_sent + 2_400_000_000  # not NOW - 4 s + its timeout
+    # a host whose envelopes arrive up to 1 s behind the others' (its clock, a relay): not yet
+    behind = replace(base, host_cadence_s={**known.host_cadence_s, "h3": (1.2, 1.0)})
+    assert HangDetector().analyse(behind) is None
+    # with 5 s of silence and no cadence, dated at those 5 s
+    late = replace(base, now_ns=last_sent + 6 * S)
+    f = HangDetector().analyse(late)
+    assert f is not None and f.roots == (12,) and f.detected_ns == last_sent + 5 * S

@@ -140,3 +140,29 @@ def test_on_short_steps_vouched_envelopes_name_no_straggler_a_hang(
     r = run(short(fault, ONSET + 20, vouch=True, batch_s=batch_s))
     assert not r.opened("hang"), r.opened("hang")
     assert [rank for rank, _ in r.opened("slow_gpu")] == [10]
+
+
+@pytest.mark.parametrize("batch_s", [0.5, 1.0])
+def test_a_dead_host_is_named_by_its_silence_against_its_own_cadence_and_dated_truly(
+    batch_s: float,
+) -> None:
+    """A host that stops sending is stopped once silent for 2x its longest recent gap between
+    envelopes, at least 2 s (``HostCadence``), not only after ``dead_after_s`` (5 s, ~12 of
+    these steps); and the hang is dated when that silence sufficed, within a pass of when it was
+    found (it was dated when the blocked collectives crossed their timeout: 3.0 steps, found
+    after 11)."""
+    sc = Scenario(job=f"dead-{batch_s}", layout=L16, steps=ONSET + 25, seed=3, batch_s=batch_s,
+                  faults=(Fault("dead_host", ONSET, hosts=("node-001",)),), hang_tail_s=10.0,
+                  vouch=False)  # fmt: skip
+    r = run(sc)
+    hangs = [(i, f) for i, (_, f) in enumerate(r.findings) if f.kind == "hang"]
+    assert hangs, r.findings
+    i, f = hangs[0]
+    assert sorted(r.state.topology.slot_rank[s] for s in f.slots) == [4, 5, 6, 7]  # node-001's
+    onset = r.labels["faults"][0]["onset_ns"]
+    step_s = (onset - r.labels["t0_ns"]) / 1e9 / ONSET
+    delay = (f.detected_ns - onset) / 1e9 / step_s
+    # its silence (counted from its last envelope, before the onset; its clock's skew besides),
+    # well before dead_after_s's 5 s
+    assert delay <= (max(2.0, 2 * batch_s) + 0.25) / step_s < 5.0 / step_s, delay
+    assert r.found_ns[i] - f.detected_ns <= batch_s * 1e9, (r.found_ns[i], f.detected_ns)

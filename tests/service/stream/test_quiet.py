@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from failslow.service.stream.quiet import DeliveryLag, InflightDelay, QuietGaps
+from failslow.service.stream.quiet import DeliveryLag, HostCadence, InflightDelay, QuietGaps
 from failslow.wire.v2 import NO_END
 
 MS = 1_000_000
@@ -82,3 +82,23 @@ def test_delivery_lag_is_the_longest_a_completion_stayed_out_of_what_its_host_se
     for i in range(3):
         d.note("a", later + i * S, later + i * S - 100 * MS)
     assert d.lag_s() == 0.1 and d.reorder_s() == 0.0
+
+
+def test_host_cadence_is_each_hosts_longest_recent_gap_and_how_far_behind_it_arrives() -> None:
+    c = HostCadence(window_ns=60 * S, min_gaps=3)
+    t = 1_000 * S
+    for i in range(3):
+        c.note("a", t + i * S, 0)  # two gaps of 1 s: too few to say
+    assert c.longest_s() == {}
+    c.note("a", t + 3500 * MS, t + 3 * S)  # a gap of 1.5 s
+    c.note("a", t + 3 * S, t + 3500 * MS)  # older than its newest: no gap, but 0.5 s behind
+    assert c.longest_s() == {"a": (1.5, 0.5)}
+    for i in range(4):  # "b" every 0.25 s, its clock 2 s behind the job's now
+        c.note("b", t + i * 250 * MS, t + i * 250 * MS + 2 * S)
+    assert c.longest_s() == {"a": (1.5, 0.5), "b": (0.25, 2.0)}
+    # two windows later the 1.5 s gap is forgotten; a host heard of in neither is left out
+    for i in range(4, 134):
+        c.note("a", t + i * S, t + i * S)
+    assert c.longest_s() == {"a": (1.0, 0.0)}
+    c.note("b", t + 200 * S, t + 133 * S)  # a silence is a gap too
+    assert c.longest_s() == {"a": (1.0, 0.0), "b": (199.25, 0.0)}
