@@ -171,12 +171,17 @@ class HangDetector:
 
     def analyse(self, snap: HangSnapshot) -> HangFinding | None:
         now = snap.now_ns
-        dead_hosts = sorted(
-            h for h, last in snap.host_last_ns.items() if (now - last) / 1e9 > self.dead_after_s
-        )
         # hosts silent for longer than their own cadence allows: their ranks stopped with them
-        silent = {h: last for h, last in snap.host_last_ns.items()
-                  if (now - last) / 1e9 > self.silent_after_s(snap, h)}  # fmt: skip
+        # (host -> when its silence sufficed); those silent past dead_after_s (never more than
+        # the cadence allows) also root the stall rule
+        silent: dict[str, int] = {}
+        for h, last in snap.host_last_ns.items():
+            limit = self.silent_after_s(snap, h)
+            if (now - last) / 1e9 > limit:
+                silent[h] = last + int(limit * 1e9)
+        dead_hosts = sorted(
+            h for h in silent if (now - snap.host_last_ns[h]) / 1e9 > self.dead_after_s
+        )
         dead = set(silent)
         live: list[tuple[BlockedCollective, float]] = []  # someone is still inside
         hung: list[tuple[BlockedCollective, float]] = []  # past the full timeout ...
@@ -330,8 +335,7 @@ class HangDetector:
         )
         if not stuck_inside:  # and not before the first root's own evidence sufficed
             enough = [last_end.get(r, 0) + int(t * 1e9) for r, t in missing.items()]
-            enough += [silent[h] + int(self.silent_after_s(snap, h) * 1e9)
-                       for h in {snap.host_of_rank[r] for r in dead_ranks}]  # fmt: skip
+            enough += [silent[snap.host_of_rank[r]] for r in dead_ranks]
             if enough:  # (none: a cycle, decided when its collective crossed the timeout)
                 detected = max(detected, min(enough))
         detected = min(max(detected, onset), now)
