@@ -135,8 +135,9 @@ class HangDetector:
     def silent_after_s(self, snap: HangSnapshot, host: str) -> float:
         """How long ``host`` may send nothing while others do before its ranks count as
         stopped with it: ``SILENCE_FACTOR`` times its own longest recent gap between envelopes,
-        plus the furthest behind the job's "now" its envelopes arrived (a clock running behind,
-        a relay), at most ``dead_after_s`` (which holds where its cadence is unknown). Only
+        plus the furthest behind the job's "now" its envelopes arrived past its clock's offset
+        (a relay, a late agent; the snapshot's times of a host are moved on by that offset), at
+        most ``dead_after_s`` (which holds where its cadence is unknown). Only
         ranks that blocked collectives wait for are named so: a host whose agent is merely late
         has ranks that complete their collectives with their peers."""
         cadence = snap.host_cadence_s.get(host)

@@ -82,7 +82,8 @@ class HangSnapshot:
     delivery_lag_s: float | None = None
     reorder_s: float = 0.0
     # per host: its longest recent gap between two envelopes and the furthest behind "now" one
-    # arrived (s: its clock's lag, a relay's); absent: too few seen
+    # arrived past the least one did (s: a relay's, a late agent's; the least is its clock's
+    # offset, by which every time of the host here is already moved on); absent: too few seen
     host_cadence_s: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
     @property

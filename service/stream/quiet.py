@@ -201,6 +201,7 @@ class DeliveryLag:
 
 CADENCE_WINDOW_NS = 60_000_000_000  # event time per window of envelope gaps
 MIN_CADENCE_GAPS = 10  # gaps between a host's envelopes before its longest one is trusted
+UNSEEN = np.iinfo(np.int64).max  # no envelope in the window
 
 
 class HostCadence:
@@ -211,7 +212,13 @@ class HostCadence:
     longer of the current and the previous window's: a starting job's idle heartbeats age out).
     The hang detector takes a host silent for well over its gap, past how far behind it usually
     is, as stopped (:meth:`failslow.detectors.hang.HangDetector.silent_after_s`), not only after
-    the configured ``dead_after_s``. An envelope older than its host's newest adds no gap."""
+    the configured ``dead_after_s``. An envelope older than its host's newest adds no gap.
+
+    The least behind its envelopes arrived is the host's offset (:meth:`offsets_ns`): a clock
+    running 2 s behind the job's makes every record of it look 2 s older than it is, and a rank
+    of it quiet for 2 s longer (a stuck rank's healthy neighbour was named the hang's root). No
+    record of a host is newer than its envelope, so its times moved on by the least an envelope
+    came behind "now" are never ahead of the "now" it arrived at."""
 
     def __init__(
         self, window_ns: int = CADENCE_WINDOW_NS, min_gaps: int = MIN_CADENCE_GAPS
@@ -220,9 +227,10 @@ class HostCadence:
         self.min_gaps = min_gaps
         self._last: dict[str, int] = {}  # per host: newest sent_ns
         self._count: dict[str, int] = {}  # per host: gaps seen
-        # per host: (longest gap, furthest behind) in ns, in the current and the previous window
-        self._cur: dict[str, tuple[int, int]] = {}
-        self._prev: dict[str, tuple[int, int]] = {}
+        # per host: (longest gap, furthest behind, least behind) in ns, in the current and the
+        # previous window
+        self._cur: dict[str, tuple[int, int, int]] = {}
+        self._prev: dict[str, tuple[int, int, int]] = {}
 
     def note(self, host: str, sent_ns: int, now_ns: int) -> None:
         """An envelope of ``host`` sealed at ``sent_ns`` arrived; ``now_ns``: the job's "now"
@@ -230,8 +238,9 @@ class HostCadence:
         passed = self.windows.passed(max(sent_ns, now_ns))
         if passed:
             self._prev, self._cur = self._cur if passed == 1 else {}, {}
-        gap0, behind0 = self._cur.get(host, (0, 0))
-        behind = max(behind0, now_ns - sent_ns if now_ns else 0)
+        gap0, behind0, least0 = self._cur.get(host, (0, 0, UNSEEN))
+        late = max(0, now_ns - sent_ns) if now_ns else 0
+        behind, least = max(behind0, late), min(least0, late) if now_ns else least0
         last = self._last.get(host)
         gap = 0
         if last is None or sent_ns > last:
@@ -239,15 +248,29 @@ class HostCadence:
             if last is not None:
                 gap = sent_ns - last
                 self._count[host] = self._count.get(host, 0) + 1
-        self._cur[host] = (max(gap0, gap), behind)
+        self._cur[host] = (max(gap0, gap), behind, least)
+
+    def _seen(self, host: str) -> tuple[int, int, int]:
+        """(longest gap, furthest behind, least behind) over both windows (ns)."""
+        cur, prev = self._cur.get(host, (0, 0, UNSEEN)), self._prev.get(host, (0, 0, UNSEEN))
+        return max(cur[0], prev[0]), max(cur[1], prev[1]), min(cur[2], prev[2])
 
     def longest_s(self) -> dict[str, tuple[float, float]]:
         """Per host with enough gaps seen (and one within the two windows): its longest gap
-        and the furthest behind it arrived (s)."""
+        and the furthest behind it arrived past its offset (s)."""
         out = {}
         for host, n in self._count.items():
-            cur, prev = self._cur.get(host, (0, 0)), self._prev.get(host, (0, 0))
-            gap = max(cur[0], prev[0])
+            gap, behind, least = self._seen(host)
             if n >= self.min_gaps and gap > 0:
-                out[host] = (gap / 1e9, max(cur[1], prev[1]) / 1e9)
+                out[host] = (gap / 1e9, (behind - (least if least < UNSEEN else 0)) / 1e9)
+        return out
+
+    def offsets_ns(self) -> dict[str, int]:
+        """Per host with enough gaps seen whose envelopes all came behind the job's "now": the
+        least they came behind (ns), by which its times are moved on into the job's."""
+        out = {}
+        for host, n in self._count.items():
+            least = self._seen(host)[2]
+            if n >= self.min_gaps and 0 < least < UNSEEN:
+                out[host] = least
         return out

@@ -108,23 +108,36 @@ def blocked_collectives(
     comms = state.topology.comm_list
     newest = state.frames.newest_end
     groups = state.blocked_groups(older_than_ns)
+    shift = rank_offsets(state)
     for g in groups:
         comm = comms[g.comm]
         n = len(comm.ranks)
         starts: list[int | None] = [None] * n
         ends: list[int | None] = [None] * n
         for p, s, e in zip(g.positions.tolist(), g.starts.tolist(), g.ends.tolist(), strict=True):
-            starts[p] = s
-            ends[p] = None if e == NO_END else e
+            d = shift.get(comm.ranks[p], 0)
+            starts[p] = s + d
+            ends[p] = None if e == NO_END else e + d
         t = float(typical[g.comm]) if g.comm < typical.size else float("nan")
-        slots = comm.slots[comm.slots < newest.size]
-        progress = int(newest[slots].max()) if slots.size else 0
+        progress = 0
+        for r, slot in zip(comm.ranks, comm.slots.tolist(), strict=True):
+            if slot < newest.size and newest[slot] != NEVER:
+                progress = max(progress, int(newest[slot]) + shift.get(r, 0))
         out.append(
             BlockedCollective(
                 comm.comm, g.seq, comm.ranks, tuple(starts), tuple(ends), t, g.seen_ns, progress
             )
         )
     return out
+
+
+def rank_offsets(state: JobState) -> dict[int, int]:
+    """Per rank whose host's clock runs behind the job's: by how much its times are moved on
+    into the job's (:meth:`~failslow.service.stream.quiet.HostCadence.offsets_ns`)."""
+    off = state.cadence.offsets_ns()
+    if not off:
+        return {}
+    return {r: off[i.host] for r, i in state.topology.ranks.items() if i.host in off}
 
 
 def hang_snapshot(
@@ -143,6 +156,8 @@ def hang_snapshot(
     last_end: dict[int, int] = {}
     gaps: dict[int, float] = {}
     quiet = state.joiner.quiet
+    shift = rank_offsets(state)
+    host_off = state.cadence.offsets_ns()
     for b in blocked:
         for r in b.members:
             if r in last_end:
@@ -155,7 +170,7 @@ def hang_snapshot(
                 step_end = int(newest_step[info.slot])
                 if step_end != NEVER:
                     end = max(end, step_end)
-            last_end[r] = end
+            last_end[r] = end + shift.get(r, 0) if end else end
             if info is not None:
                 gap = quiet.longest_s(info.slot)
                 if gap == gap:
@@ -164,13 +179,13 @@ def hang_snapshot(
         now_ns=state.watermark_ns,
         blocked=tuple(blocked),
         host_of_rank={r: i.host for r, i in topo.ranks.items() if i.host is not None},
-        host_last_ns={h: i.last_sent_ns for h, i in topo.hosts.items()},
+        host_last_ns={h: i.last_sent_ns + host_off.get(h, 0) for h, i in topo.hosts.items()},
         last_progress_ns=state.frames.last_progress_ns,
         step_time_s=step_time_s,
         rank_last_end=last_end,
         rank_gap_s=gaps,
         inflight_after_s=state.inflight_delay.delay_s(),
-        host_vouch=host_vouch(state),
+        host_vouch={h: (c + host_off.get(h, 0), a) for h, (c, a) in host_vouch(state).items()},
         delivery_lag_s=state.delivery_lag.lag_s(),
         reorder_s=state.delivery_lag.reorder_s(),
         host_cadence_s=state.cadence.longest_s(),

@@ -95,10 +95,15 @@ def test_host_cadence_is_each_hosts_longest_recent_gap_and_how_far_behind_it_arr
     assert c.longest_s() == {"a": (1.5, 0.5)}
     for i in range(4):  # "b" every 0.25 s, its clock 2 s behind the job's now
         c.note("b", t + i * 250 * MS, t + i * 250 * MS + 2 * S)
-    assert c.longest_s() == {"a": (1.5, 0.5), "b": (0.25, 2.0)}
+    # ... which is its offset, not lateness: 2 s behind is how it always arrives
+    assert c.longest_s() == {"a": (1.5, 0.5), "b": (0.25, 0.0)}
+    assert c.offsets_ns() == {"b": 2 * S}  # "a" once arrived as the newest: no offset
+    c.note("b", t + 1 * S, t + 3300 * MS)  # once 2.3 s behind: 0.3 s late past its offset
+    assert c.longest_s()["b"] == (0.25, 0.3) and c.offsets_ns() == {"b": 2 * S}
     # two windows later the 1.5 s gap is forgotten; a host heard of in neither is left out
     for i in range(4, 134):
         c.note("a", t + i * S, t + i * S)
     assert c.longest_s() == {"a": (1.0, 0.0)}
     c.note("b", t + 200 * S, t + 133 * S)  # a silence is a gap too
-    assert c.longest_s() == {"a": (1.0, 0.0), "b": (199.25, 0.0)}
+    assert c.longest_s() == {"a": (1.0, 0.0), "b": (199, 0.0)}
+    assert c.offsets_ns() == {}  # "b" arrived as the newest: its offset is forgotten
