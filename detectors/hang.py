@@ -203,7 +203,7 @@ class HangDetector:
             if b.progress_ns > min(starts) + timeout * 1e9:
                 continue  # a member finished later steps: records went missing, nobody is stuck
             live.append((b, timeout))
-            waited = (now - _waiting_since(b)) / 1e9
+            waited = (now - b.waiting_since()) / 1e9
             cut = self.timeout_s(b.typical_s, snap.step_time_s, self.suspect_steps, cut_floor)
             cuts[id(b)] = cut
             if waited > timeout:
@@ -217,17 +217,19 @@ class HangDetector:
                            stall_factor=self.stall_factor, stall_floor_s=self.stall_floor_s)
         # Where each rank waits: collectives it is inside that none of its peers completed. A
         # rank inside one its peers did complete finished it with them (collectives end
-        # together), its own end record is on its way: that counts as progress, when they ended.
+        # together), its own end record is on its way: that counts as progress, when they ended
+        # (in every collective given, also those a member's later steps passed over).
         waits_in: dict[int, list[BlockedCollective]] = {}
         last_end = dict(snap.rank_last_end)
-        for b, _ in live:
+        live_ids = {id(b) for b, _ in live}
+        for b in snap.blocked:
             ends = [e for e in b.ended if e is not None]
             for rank, s, e in zip(b.members, b.started, b.ended, strict=True):
                 if s is None or e is not None:
                     continue
                 if ends:
                     last_end[rank] = max(last_end.get(rank, 0), max(ends))
-                else:
+                elif id(b) in live_ids:
                     waits_in.setdefault(rank, []).append(b)
         # Follow the wait-for edges from the hung collectives to the ranks that wait nowhere.
         # A collective past only the suspect timeout blames nobody by itself: its missing
@@ -236,8 +238,9 @@ class HangDetector:
         stuck_inside: set[int] = set()
         dead_ranks: set[int] = set()
         waiting = 0
+        pending: dict[int, float] = {}  # inside one its peers completed, its end not sent yet
         for b, timeout in hung:
-            done = any(e is not None for e in b.ended)
+            done = max((e for e in b.ended if e is not None), default=0)
             sure = id(b) in full
             for rank, s, e in zip(b.members, b.started, b.ended, strict=True):
                 if s is None:
@@ -246,7 +249,13 @@ class HangDetector:
                     if snap.host_of_rank.get(rank) in dead:
                         dead_ranks.add(rank)
                     elif done and sure:
-                        stuck_inside.add(rank)
+                        # inside one its peers completed: stuck once its host has reported
+                        # since they did (before, its end record is merely not sent yet: a 5x
+                        # straggler's peers, on 1 s batches, were named a hang)
+                        if snap.reported_since(rank, done, floor):
+                            stuck_inside.add(rank)
+                        else:  # progress as far as we know: none reported since
+                            pending[rank] = round((now - done) / 1e9, 3)
                     else:
                         waiting += 1
         # Roots are sinks only: a rank still inside an op its peers completed, that is also in
@@ -258,7 +267,7 @@ class HangDetector:
                 stuck_inside.discard(rank)
                 todo.append((rank, max(t for _, t in hung), True))
         missing: dict[int, float] = {}  # root -> the timeout it was held to
-        progressing: dict[int, float] = {}
+        progressing: dict[int, float] = dict(pending)
         undecided: set[int] = set()  # quiet gaps unknown, reached from suspect collectives only
         by_gap: set[int] = set()  # ranks judged by their own quiet gaps
         seen: dict[int, bool] = {}  # rank -> reached from a full one
@@ -332,7 +341,7 @@ class HangDetector:
             for b, timeout in hung
         }
         detected = min(
-            max(_waiting_since(b) + int(crossed[id(b)] * 1e9), b.seen_ns) for b, _ in hung
+            max(b.waiting_since() + int(crossed[id(b)] * 1e9), b.seen_ns) for b, _ in hung
         )
         if not stuck_inside:  # and not before the first root's own evidence sufficed
             enough = [last_end.get(r, 0) + int(t * 1e9) for r, t in missing.items()]
@@ -378,16 +387,6 @@ class HangDetector:
             "rule": how,
         }
         return HangFinding(tuple(sorted(roots)), hosts, onset, detected, reason, evidence)
-
-
-def _waiting_since(b: BlockedCollective) -> int:
-    """When the wait began: the first member's entry; once some members completed it, their
-    completion (a member still inside after that is stuck, but only once its own end record,
-    which may merely lag its peers', is overdue)."""
-    ends = [e for e in b.ended if e is not None]
-    if ends:
-        return max(ends)
-    return min(s for s in b.started if s is not None)
 
 
 __all__ = ["BlockedCollective", "HangDetector", "HangFinding", "HangSnapshot"]

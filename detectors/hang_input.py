@@ -57,6 +57,15 @@ class BlockedCollective:
     seen_ns: int = 0  # event time at which the service first heard of it
     progress_ns: int = 0  # newest step end of any of its members (they moved on: not a hang)
 
+    def waiting_since(self) -> int:
+        """When the wait began: the first member's entry; once some members completed it,
+        their completion (a member still inside after that is stuck, but only once its own end
+        record, which may merely lag its peers', is overdue)."""
+        ends = [e for e in self.ended if e is not None]
+        if ends:
+            return max(ends)
+        return min(s for s in self.started if s is not None)
+
 
 @dataclass(frozen=True, slots=True)
 class HangSnapshot:
@@ -91,6 +100,16 @@ class HangSnapshot:
         """Where every host of the job vouches for what it sent, the longest delay announced
         (:func:`vouched_floor_s`); None where one does not."""
         return vouched_floor_s(self.host_last_ns.keys(), self.host_vouch)
+
+    def reported_since(self, rank: int, t_ns: int, floor_s: float) -> bool:
+        """Has ``rank``'s host sent what the rank completed at ``t_ns``, a collective its peers
+        (on other hosts' clocks) completed then: an envelope more than ``floor_s`` (the job's
+        measured delivery floor) after it. Not what the host vouched for: that is as late as
+        its envelope, and a margin smaller than the floor is within the error of moving one
+        host's clock onto another's (a batch: 5x stragglers' peers were named stuck). Before,
+        the rank has merely not said yet that it completed it too."""
+        heard = self.host_last_ns.get(self.host_of_rank.get(rank, ""))
+        return heard is not None and (heard - t_ns) / 1e9 > floor_s
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,6 +72,49 @@ def test_a_member_whose_peers_just_completed_is_not_stuck_yet() -> None:
     assert f.detected_ns == NOW - 3 * S // 2 + 2 * S
 
 
+def test_inside_one_its_peers_completed_is_stuck_only_once_its_host_reported_since() -> None:
+    """4 is inside an all-reduce 0 completed 0.9 s ago; 4's host (h1) sends every second and
+    last sent (and vouched for what it had) 1 s ago: 4's end record is not sent yet. Once h1
+    has sent an envelope more than the floor after the peers' end, 4 is stuck inside it (not
+    sooner for vouching: the hosts' clocks are moved onto each other within a batch)."""
+    a = blocked("dp", (0, 4), {0: NOW - 3 * S, 4: NOW - 3 * S}, {0: NOW - 9 * S // 10})
+    hosts = {0: "h0", 4: "h1"}
+    base = HangSnapshot(NOW, (a,), hosts, {"h0": NOW, "h1": NOW - S}, NOW - 5 * S, 0.2)
+    sent_before = replace(base, host_vouch={"h0": (NOW, 0.25), "h1": (NOW - S, 0.25)})
+    hd = HangDetector(floor_s=0.5)
+    assert hd.analyse(sent_before) is None
+    assert hd.analyse(base) is None  # not vouching: 1 s ago is before the peers' end too
+    vouched_since = replace(sent_before, host_vouch={"h0": (NOW, 0.25), "h1": (NOW, 0.25)})
+    f = hd.analyse(replace(vouched_since, host_last_ns={"h0": NOW, "h1": NOW}))
+    assert f is not None and f.roots == (4,) and "stuck inside" in f.reason
+    soon = replace(vouched_since, host_last_ns={"h0": NOW, "h1": NOW - S // 2})
+    assert hd.analyse(soon) is None  # sent 0.4 s after the peers' end: within the floor
+    f = hd.analyse(replace(base, host_last_ns={"h0": NOW, "h1": NOW}))  # 0.9 s > the floor
+    assert f is not None and f.roots == (4,) and "stuck inside" in f.reason
+
+
+def test_peers_completion_is_progress_in_a_collective_later_steps_passed_over() -> None:
+    """13 is inside dp seq 30, which its peers completed 0.9 s ago (its end record on its way),
+    and missing from seq 31, whose other member 9 is a straggler. A member's later step end
+    takes seq 30 out of the live ones; 13's progress at its peers' completion still counts:
+    not quiet, no hang (a 5x straggler's dp peers were named a hang on 1 s batches)."""
+    done = NOW - 9 * S // 10
+    s30 = replace(
+        blocked("dp", (9, 13), {9: NOW - 2 * S, 13: NOW - 2 * S}, {9: done}),
+        progress_ns=NOW - S // 2,  # 9 ended its step since: seq 30 is no longer live
+    )
+    s31 = blocked("dp", (9, 13), {})
+    s31 = replace(s31, started=(None, None), seq=8)
+    other = blocked("tp", (12, 13), {12: NOW - 2 * S})  # 12 waits for 13 in tp
+    hosts = {9: "h2", 12: "h3", 13: "h3"}
+    gaps = {9: 0.1, 12: 0.1, 13: 0.1}
+    base = HangSnapshot(
+        NOW, (s30, s31, other), hosts, {"h2": NOW, "h3": NOW - S}, NOW - 5 * S, 0.4,
+        {9: NOW - S // 10, 12: NOW - 2 * S, 13: NOW - 2 * S}, gaps,
+    )  # fmt: skip
+    assert HangDetector(floor_s=0.5).analyse(base) is None
+
+
 def test_a_straggler_that_still_completes_work_is_not_a_hang() -> None:
     # (a 2 s floor) 3 has waited 2.5 s in dp for 1, which computes slowly but finished a tp
     # collective 0.6 s ago
