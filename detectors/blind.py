@@ -3,13 +3,15 @@
 A rank's compute is its step time minus its time inside communication. Where communication all
 but fills the step (FSDP's prefetched all-gathers, DTensor's and DDP's asynchronous collectives
 overlapping the compute), that difference is unknown, not near zero. A job whose compute is
-known for under half its ranks (:class:`Observability`, smoothed over about 50 frames) is
-*blind*; :mod:`~failslow.detectors.straggler` then judges its ranks on lateness against their
-pooled noise, also averaged over the last ``ROLL`` frames (:class:`RollingLateness`: a rank late
-by a little in every frame stands out as one late by a lot in one), and takes as the straggler
-only a rank that waits *least* inside communication (:func:`waits_least`: C4's syndrome; both
-ends of a slow link wait longer than their peers). :func:`on_slow_nic` lets a host whose
-cross-host communicators are slow explain its ranks' lateness (the conditions' fusion).
+known for under half its ranks (:class:`Observability`, smoothed over about 50 frames, none in
+which the job waits half a step or more for a late rank: its peers' communication then fills
+their steps with waiting, not overlap) is *blind*; :mod:`~failslow.detectors.straggler` then
+judges its ranks on lateness against their pooled noise, also averaged over the last ``ROLL``
+frames (:class:`RollingLateness`: a rank late by a little in every frame stands out as one late
+by a lot in one), and takes as the straggler only a rank that waits *least* inside communication
+(:func:`waits_least`: C4's syndrome; both ends of a slow link wait longer than their peers).
+:func:`on_slow_nic` lets a host whose cross-host communicators are slow explain its ranks'
+lateness (the conditions' fusion).
 
 Measured in the fault lab's FSDP2 x TP x PP job (8 ranks on 2 cores, docs/lab.md): judged frame
 by frame on lateness alone, its ranks took turns being 6-20% late and raised 8 false slow GPUs in
@@ -28,6 +30,9 @@ UNOBSERVABLE = 0.9  # communication over this share of a step leaves its compute
 ROLL = 5  # frames over which a blind job's ranks' lateness is also averaged
 OBSERVABLE_PULL = 0.02  # smoothing of the share of ranks whose compute is known
 BLIND_BELOW = 0.5  # a job whose compute is known for under this share of its ranks is blind
+# a rank late by this share of a step keeps its peers waiting in communication for it: such a
+# frame is no sample of the job's observability (a straggler's peers' compute is not overlapped)
+WAITED = 0.5
 
 
 def unobservable(step_time: np.ndarray, comm_time: np.ndarray) -> np.ndarray:

@@ -196,7 +196,10 @@ class Conditions:
         )
         # 1.4x as slow as its peers: 3 frames in a row open (not in a small job on shared
         # CPUs, whose ranks run 2-3x for a few frames with nothing wrong, nor a blind one)
-        severe = None if s.shaky or s.blind else s.compute_ratio >= DEFAULTS.severe_ratio
+        # (or its compute unknown because its peers' steps are all waiting for it: a 10x one)
+        severe = None if s.shaky or s.blind else (
+            (s.compute_ratio >= DEFAULTS.severe_ratio) | (np.isnan(s.compute_ratio) & s.strong)
+        )
         trans = self.gpus.update(suspect, v.elevated, np.isfinite(s.late), v.strong,
                                  evidence=evidence, severe=severe)  # fmt: skip
         hist.learn_own_ratio(s.compute_ratio, v.learn)

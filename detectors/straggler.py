@@ -29,7 +29,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from failslow.detectors.blind import Observability, RollingLateness, unobservable, waits_least
+from failslow.detectors.blind import (
+    WAITED,
+    Observability,
+    RollingLateness,
+    unobservable,
+    waits_least,
+)
 from failslow.detectors.defaults import DEFAULTS
 from failslow.detectors.robust import MAD_SCALE, group_median, loo_median
 from failslow.detectors.types import KIND_INDEX, P2P, Frame, JobShape, PeerGroups
@@ -45,6 +51,7 @@ MODELED = np.array([KIND_INDEX[k] for k in (CommKind.DP, CommKind.TP, CommKind.W
 # stage, whose members run different schedules). Their lateness is evidence for a rank in no
 # modeled group, and never vetoes one that is late in its own data/tensor-parallel groups.
 ADVISORY = np.array([KIND_INDEX[k] for k in (CommKind.EP, CommKind.CP, CommKind.OTHER)])
+NONE = np.zeros(0, dtype=bool)  # no rank to learn observability from
 TP, DP = KIND_INDEX[CommKind.TP], KIND_INDEX[CommKind.DP]
 
 
@@ -255,7 +262,11 @@ class PeerLatenessDetector:
         # Few ranks, or compute unknown for most (detectors/blind.py): noise comes from the
         # pooled history
         n_present = int(present.sum())
-        blind = self.observability.update(np.isfinite(ratio[present]))
+        # a frame in which the job waits for a rank late by half a step or more says nothing of
+        # how its compute and communication overlap: the waiting fills its peers' steps (a 10x
+        # straggler made its job look blind after ~35 frames, and its incident resolved)
+        waited = np.nan_to_num(own_late - typical, nan=0.0).max(initial=0.0) >= WAITED
+        blind = self.observability.update(np.isfinite(ratio[present]) if not waited else NONE)
         small = n_present < self.small or blind
         small_noise = float("nan")
         if small:
@@ -288,12 +299,17 @@ class PeerLatenessDetector:
                 & (z_late >= self.z_suspect * self.relax)
             )
             strong_ratio = 1.0 + (self.compute_ratio - 1.0) * self.strong
+            # compute unknown because its peers' steps are all waiting for it (a 10x straggler:
+            # 87% of their steps): strong where it also waits least (C4's slow-GPU syndrome; a
+            # slow link's ends wait longest)
+            waiting_for_it = np.isnan(ratio) & ~blind & waits_least(
+                peer_ratio(frame.comm_time, groups)
+            )
             # Not for time frames: buckets cut steps anywhere, so a partial step can look strong.
             strong = (
                 suspect
                 & (late_fraction >= self.late_fraction * self.strong)
-                & (ratio >= strong_ratio)
-                & (z >= self.z_strong)
+                & (((ratio >= strong_ratio) & (z >= self.z_strong)) | waiting_for_it)
                 & (z_late >= self.z_strong)
                 & frame.has_steps
             )
