@@ -212,6 +212,23 @@ def cases(*, quick: bool = False, seeds: int = 2, long_steps: int = 2000) -> lis
                 workload=LONG_STEPS,
                 batch_s=0.5,
             )
+    # stragglers far past the hang timeout's reach, with 1% hiccups: their peers wait in their
+    # collectives for most of a step, which must be a slow GPU and never a hang
+    straggler_rng = random.Random(2029)
+    hiccups = replace(NOISE, hiccup_prob=0.01)
+    for seed in range(seeds):
+        for lname, lay in layouts.items():
+            for factor in (5.0, 10.0):
+                add(
+                    "slow_gpu",
+                    f"straggler-{factor}x-hiccups-{lname}",
+                    lay,
+                    (Fault("slow_gpu", ONSET, factor=factor,
+                           ranks=(straggler_rng.randrange(lay.world),)),),
+                    factor=factor,
+                    seed=seed,
+                    noise=hiccups,
+                )  # fmt: skip
     return out
 
 
