@@ -302,9 +302,9 @@ class PeerLatenessDetector:
             # compute unknown because its peers' steps are all waiting for it (a 10x straggler:
             # 87% of their steps): strong where it also waits least (C4's slow-GPU syndrome; a
             # slow link's ends wait longest)
-            waiting_for_it = np.isnan(ratio) & ~blind & waits_least(
-                peer_ratio(frame.comm_time, groups)
-            )
+            waiting_for_it = suspect & np.isnan(ratio) & ~blind
+            if waiting_for_it.any():  # (a peer ratio of comm time only then: a hot path)
+                waiting_for_it &= waits_least(peer_ratio(frame.comm_time, groups))
             # Not for time frames: buckets cut steps anywhere, so a partial step can look strong.
             strong = (
                 suspect

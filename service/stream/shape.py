@@ -108,21 +108,22 @@ def blocked_collectives(
     comms = state.topology.comm_list
     newest = state.frames.newest_end
     groups = state.blocked_groups(older_than_ns)
-    shift = rank_offsets(state)
+    shift = slot_offsets(state, state.cadence.offsets_ns(), newest.size)
     for g in groups:
         comm = comms[g.comm]
         n = len(comm.ranks)
         starts: list[int | None] = [None] * n
         ends: list[int | None] = [None] * n
         for p, s, e in zip(g.positions.tolist(), g.starts.tolist(), g.ends.tolist(), strict=True):
-            d = shift.get(comm.ranks[p], 0)
+            d = int(shift[comm.slots[p]]) if shift is not None else 0
             starts[p] = s + d
             ends[p] = None if e == NO_END else e + d
         t = float(typical[g.comm]) if g.comm < typical.size else float("nan")
-        progress = 0
-        for r, slot in zip(comm.ranks, comm.slots.tolist(), strict=True):
-            if slot < newest.size and newest[slot] != NEVER:
-                progress = max(progress, int(newest[slot]) + shift.get(r, 0))
+        slots = comm.slots[comm.slots < newest.size]
+        ends_of = newest[slots]
+        if shift is not None:
+            ends_of = np.where(ends_of != NEVER, ends_of + shift[slots], NEVER)
+        progress = int(ends_of.max()) if slots.size else 0
         out.append(
             BlockedCollective(
                 comm.comm, g.seq, comm.ranks, tuple(starts), tuple(ends), t, g.seen_ns, progress
@@ -131,13 +132,20 @@ def blocked_collectives(
     return out
 
 
-def rank_offsets(state: JobState) -> dict[int, int]:
-    """Per rank whose host's clock runs behind the job's: by how much its times are moved on
-    into the job's (:meth:`~failslow.service.stream.quiet.HostCadence.offsets_ns`)."""
-    off = state.cadence.offsets_ns()
-    if not off:
-        return {}
-    return {r: off[i.host] for r, i in state.topology.ranks.items() if i.host in off}
+def slot_offsets(state: JobState, offsets: dict[str, int], size: int) -> np.ndarray | None:
+    """Per rank slot (at least ``size`` of them), by how much its host's times are moved on
+    into the job's (``offsets``: :meth:`~failslow.service.stream.quiet.HostCadence.offsets_ns`);
+    None where no host has an offset (the usual case: nothing to build)."""
+    if not offsets:
+        return None
+    topo = state.topology
+    by_id = np.zeros(len(topo.host_ids) + 1, np.int64)  # [-1]: a slot of no known host
+    for host, d in offsets.items():
+        if host in topo.host_ids:
+            by_id[topo.host_ids[host]] = d
+    out = np.zeros(max(size, topo.slot_host.size), np.int64)
+    out[: topo.slot_host.size] = by_id[topo.slot_host]
+    return out
 
 
 def hang_snapshot(
@@ -156,8 +164,8 @@ def hang_snapshot(
     last_end: dict[int, int] = {}
     gaps: dict[int, float] = {}
     quiet = state.joiner.quiet
-    shift = rank_offsets(state)
     host_off = state.cadence.offsets_ns()
+    shift = slot_offsets(state, host_off, max(last_call.size, newest_step.size))
     for b in blocked:
         for r in b.members:
             if r in last_end:
@@ -170,7 +178,9 @@ def hang_snapshot(
                 step_end = int(newest_step[info.slot])
                 if step_end != NEVER:
                     end = max(end, step_end)
-            last_end[r] = end + shift.get(r, 0) if end else end
+            if end and shift is not None and info is not None:
+                end += int(shift[info.slot])
+            last_end[r] = end
             if info is not None:
                 gap = quiet.longest_s(info.slot)
                 if gap == gap:
