@@ -144,27 +144,39 @@ class Fleet:
                 time.sleep(0.05)
         raise RuntimeError("nats-server did not start")
 
-    def wait_owned(self, timeout_s: float = 60.0) -> None:
+    def wait_owned(self, stall_s: float = 60.0, limit_s: float = 240.0) -> None:
         """With replicas: until every partition is owned and ready somewhere and the replicas
         have balanced them (each owns at least its share), so that no partition moves during
-        the measurement."""
+        the measurement. The replicas hand over one partition per renewal round, each with a
+        commit: on busy cores that takes a while, so this waits while the take-up progresses
+        and gives up when it stalls for ``stall_s`` (or after ``limit_s`` in all), saying where
+        each replica stood."""
         if self.replicas <= 1:
             return
-        deadline = time.monotonic() + timeout_s
+        start = last_change = time.monotonic()
         counts: list[int] = []
-        while time.monotonic() < deadline:
-            counts = []
+        held: list[object] = []
+        while time.monotonic() - last_change < stall_s and time.monotonic() - start < limit_s:
+            now_counts, now_held = [], []
             for url in self.urls:
                 try:
                     parts = httpx.get(f"{url}/v1/replica", timeout=2).json()["owned"]
-                    counts.append(sum(1 for p in parts.values() if p["ready"]))
-                except (httpx.HTTPError, KeyError, ValueError):
-                    counts.append(0)
+                    now_counts.append(sum(1 for p in parts.values() if p["ready"]))
+                    now_held.append({k: p["ready"] for k, p in parts.items()})
+                except (httpx.HTTPError, KeyError, ValueError) as exc:
+                    now_counts.append(0)
+                    now_held.append(repr(exc))
+            if now_held != held:
+                last_change = time.monotonic()
+            counts, held = now_counts, now_held
             share = self.partitions // self.replicas
             if sum(counts) == self.partitions and min(counts) >= share:
                 return
             time.sleep(0.3)
-        raise RuntimeError(f"the replicas did not take up every partition: {counts}")
+        raise RuntimeError(
+            f"the replicas did not take up every partition in {time.monotonic() - start:.0f} s "
+            f"(ready per replica {counts}; partition -> ready: {held})"
+        )
 
     def cpu_s(self) -> dict[str, float]:
         out = {}
