@@ -12,6 +12,7 @@ the ledger off and on (the same run twice each, alternating), to show what it co
 
     .venv/bin/python bench/fleet_health.py                # ~20 min on 2 cores
     .venv/bin/python bench/fleet_health.py --e2e --json bench/results/fleet.json
+    .venv/bin/python bench/fleet_health.py --jobs 40 --chronic-nic 1.3   # and a NIC 1.3x always
 """
 
 from __future__ import annotations
@@ -104,6 +105,8 @@ def main() -> int:
     p.add_argument("--probation-s", type=float, default=300.0,
                    help="clean job time a repaired host needs (simulated jobs last ~1 min)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--chronic-nic", type=float, default=1.0, metavar="FACTOR",
+                   help="also one NIC this much slower in every job (passive link readings)")
     p.add_argument("--e2e", action="store_true", help="also failslow bench e2e, ledger off/on")
     p.add_argument("--e2e-ranks", type=int, default=1024)
     p.add_argument("--e2e-steps", type=int, default=60)
@@ -114,7 +117,8 @@ def main() -> int:
     p.add_argument("--json", help="write the result here")
     args = p.parse_args()
     spec = FleetSpec(hosts=args.hosts, jobs=args.jobs, days=args.days, seed=args.seed,
-                     fail_after_jobs=max(1, args.jobs // 5))  # fmt: skip
+                     fail_after_jobs=max(1, args.jobs // 5),
+                     chronic_nic_factor=args.chronic_nic)  # fmt: skip
     result: dict[str, Any] = {"spec": spec.__dict__}
     if not args.e2e_only:
         with tempfile.TemporaryDirectory() as d:

@@ -22,9 +22,11 @@ A part is **slow** when the lower end of its credible interval (``mean - z sd``)
 
 **Link speed.** A NIC's readings are link checks (qualification runs, probe campaigns): per
 check, ``log(reference / best)``, ``best`` the fastest pair through its host
-(:func:`link_readings`). They are judged by the same model with :meth:`FleetModel.links`'
-settings: one check is one reading, a wide prior and a high floor of the spread (link speeds
-move far more than compute times), slow above 1.2x after a few checks.
+(:func:`link_readings`); and jobs' passive data: per frame, the job's median fastest
+communicator over the host's fastest, where its communicators share no other host
+(:mod:`.fleet_links`). They are judged by the same model with :meth:`FleetModel.links`'
+settings: one check or one job is one reading, a wide prior and a high floor of the spread
+(link speeds move far more than compute times), slow above 1.2x after a few readings.
 
 **Incidents.** Incidents naming a part (a slow link on a NIC, a hang on a host) count with a
 weight that halves every ``half_life_s`` of event time; the part's rate per observed hour is
@@ -112,14 +114,31 @@ class FleetModel:
     min_incident_jobs: int = 2  # distinct jobs that must have named it
     min_jobs: int = 1  # readings (jobs, or link checks) before a part can be called slow
     link: bool = False  # readings are link speeds (a NIC's): worded so, no job time priced
+    # links: jobs' passive readings spread far less than checks (one job's frames against its
+    # own hosts, not a path measured now and then): their own spread, with this floor
+    passive_tau_floor: float = 0.03
+
+    def passive(self, r: JobReading) -> bool:
+        """A link reading from a job's passive data (it has observed time; a check has none)."""
+        return self.link and r.observed_s > 0
+
+    def counts(self, r: JobReading) -> bool:
+        """Whether a reading says something of the part's speed: a job's, with ``min_frames``
+        frames or more; for links also a link check (one check, one reading: no observed
+        time)."""
+        if r.n < 1 or not math.isfinite(r.mean):
+            return False
+        return r.n >= self.min_frames or (self.link and r.observed_s == 0)
 
     def links(self, *, flag_ratio: float = 1.2, prior_sd: float = 0.3, tau_floor: float = 0.15,
-              min_checks: int = 3) -> FleetModel:  # fmt: skip
-        """The model for NICs' link speeds (:func:`link_readings`): one check is one reading,
-        speeds spread far more than compute times (a busy path, a shared switch), so the prior
-        is wide, the floor of the spread high and the bar for "slow" 20%."""
+              passive_tau_floor: float = 0.03, min_checks: int = 3) -> FleetModel:  # fmt: skip
+        """The model for NICs' link speeds (:func:`link_readings`, and jobs' passive readings:
+        :mod:`.fleet_links`): one check or one job is one reading (a job's frames, correlated,
+        count as one), speeds spread far more than compute times (a busy path, a shared
+        switch), so the prior is wide, the floor of the spread high and the bar for "slow"
+        20%."""
         return replace(self, link=True, flag_ratio=flag_ratio, prior_sd=prior_sd,
-                       tau_floor=tau_floor, min_frames=1, n_eff_cap=1,
+                       tau_floor=tau_floor, passive_tau_floor=passive_tau_floor, n_eff_cap=1,
                        min_jobs=min_checks)  # fmt: skip
 
 
@@ -152,32 +171,47 @@ class Health:
         return round(max(0.0, min(1.0, speed - (0.05 if self.offender else 0.0))), 4)
 
 
-def tau_of(readings: Iterable[JobReading], model: FleetModel) -> float:
-    """The job-to-job spread of one healthy part's reading, from the whole fleet's readings."""
+def tau_of(readings: Iterable[JobReading], model: FleetModel, floor: float | None = None) -> float:
+    """The job-to-job spread of one healthy part's reading, from the whole fleet's readings
+    (never below ``floor``, by default the model's ``tau_floor``)."""
+    floor = model.tau_floor if floor is None else floor
     ys, vs = [], []
     for r in readings:
-        if r.n >= model.min_frames and math.isfinite(r.mean):
+        if model.counts(r):
             ys.append(r.mean)
             vs.append(r.var / min(r.n, model.n_eff_cap))
     if len(ys) < 10:
-        return model.tau_floor
+        return floor
     y = np.asarray(ys)
     spread = 1.4826 * float(np.median(np.abs(y - np.median(y))))
     excess = spread**2 - float(np.median(vs))
-    return max(model.tau_floor, math.sqrt(excess) if excess > 0 else 0.0)
+    return max(floor, math.sqrt(excess) if excess > 0 else 0.0)
+
+
+def taus_of(readings: Sequence[JobReading], model: FleetModel) -> tuple[float, float]:
+    """``tau`` of a kind's readings, and of links' passive readings apart (their own spread,
+    :attr:`FleetModel.passive_tau_floor`; for other kinds the same ``tau``)."""
+    if not model.link:
+        tau = tau_of(readings, model)
+        return tau, tau
+    checks = tau_of((r for r in readings if not model.passive(r)), model)
+    jobs = tau_of((r for r in readings if model.passive(r)), model, model.passive_tau_floor)
+    return checks, jobs
 
 
 def speed(
-    readings: Sequence[JobReading], tau: float, model: FleetModel
+    readings: Sequence[JobReading], tau: float, model: FleetModel, passive_tau: float | None = None
 ) -> tuple[float, float, int]:
-    """Posterior ``(mean, sd)`` of a part's log slowness and the number of jobs counted."""
+    """Posterior ``(mean, sd)`` of a part's log slowness and the number of jobs counted
+    (``passive_tau``: the spread of links' passive readings, by default ``tau``)."""
     prec = 1.0 / model.prior_sd**2
     acc = 0.0
     jobs = 0
     for r in readings:
-        if r.n < model.min_frames or not math.isfinite(r.mean):
+        if not model.counts(r):
             continue
-        w = 1.0 / (max(r.var, 0.0) / min(r.n, model.n_eff_cap) + tau**2)
+        t = passive_tau if passive_tau is not None and model.passive(r) else tau
+        w = 1.0 / (max(r.var, 0.0) / min(r.n, model.n_eff_cap) + t**2)
         prec += w
         acc += w * r.mean
         jobs += 1
@@ -196,20 +230,26 @@ def health(
     tau: float,
     fleet_rate_per_h: float,
     model: FleetModel,
+    passive_tau: float | None = None,
 ) -> Health:
-    """One part's health from its readings and incidents, against the fleet's ``tau`` and
-    incident rate (``fleet_rate`` per observed hour)."""
+    """One part's health from its readings and incidents, against the fleet's ``tau`` (links'
+    passive readings: ``passive_tau``) and incident rate (``fleet_rate`` per observed hour)."""
     h = Health()
-    mu, sd, h.jobs = speed(readings, tau, model)
+    mu, sd, h.jobs = speed(readings, tau, model, passive_tau)
     h.observed_s = sum(r.observed_s for r in readings)
     h.slowness, h.sd = math.exp(mu), sd
     h.low, h.high = math.exp(mu - model.z * sd), math.exp(mu + model.z * sd)
     if h.jobs >= max(1, model.min_jobs) and mu - model.z * sd > math.log(model.flag_ratio):
         h.slow = True
-        what = "link checks" if model.link else "jobs"
+        what = f"{h.jobs} jobs"
+        if model.link:  # link checks, and jobs whose own collectives could judge it
+            jobs = sum(1 for r in readings if model.counts(r) and model.passive(r))
+            what = " and ".join(
+                f"{k} {w}" for k, w in ((jobs, "jobs"), (h.jobs - jobs, "link checks")) if k
+            )
         h.reasons.append(
             f"{'links ' if model.link else ''}{(h.slowness - 1) * 100:.1f}% slower than its "
-            f"peers over {h.jobs} {what} (at least {(h.low - 1) * 100:.1f}%)"
+            f"peers over {what} (at least {(h.low - 1) * 100:.1f}%)"
         )
     weights: dict[str, float] = {}
     for m in marks:

@@ -37,6 +37,9 @@ class FleetSpec:
     slow_gpu_factor: float = 1.06
     slow_nic_share: float = 0.10  # of each job's steps, in one episode
     slow_nic_factor: float = 3.0  # bandwidth / factor while slow
+    # > 1: another host's NIC is this much slower in every job from its first step (below the
+    # per-job link thresholds: only the jobs' passive link readings, pooled, can tell)
+    chronic_nic_factor: float = 1.0
     fail_after_jobs: int = 8  # the failing host fails in its first job after this many jobs
     repair_jobs: int = 3  # returned from repair this many jobs after it failed
     gpu_spread: float = 0.005  # healthy GPUs' own fixed speed spread (sigma)
@@ -52,6 +55,7 @@ class Truth:
     failing_host: str
     speed: dict[str, float]  # GPU UUID -> its own fixed factor (healthy spread)
     gpu_host: dict[str, str]  # GPU UUID -> its host
+    chronic_nic_host: str | None = None  # its NIC chronically slow (``chronic_nic_factor``)
 
 
 @dataclass
@@ -96,7 +100,11 @@ def build_truth(spec: FleetSpec) -> tuple[Truth, dict[str, list[str]]]:
     slow = [str(u) for u in rng.choice(every, size=spec.slow_gpus, replace=False)]
     speed = {u: float(np.clip(1 + rng.normal(0, spec.gpu_spread), 0.98, 1.02)) for u in every}
     where = {u: h for h, us in uuids.items() for u in us}
-    return Truth(slow, nic_host, failing, speed, where), uuids
+    chronic = None
+    if spec.chronic_nic_factor > 1:  # drawn apart: the other parts stay as without it
+        rest = [h for h in hosts if h not in (nic_host, failing)]
+        chronic = rest[int(np.random.default_rng(spec.seed + 7).integers(len(rest)))]
+    return Truth(slow, nic_host, failing, speed, where, chronic), uuids
 
 
 def layout_for(n_hosts: int, gph: int, rng: np.random.Generator) -> Layout:
@@ -139,6 +147,9 @@ def run_fleet(spec: FleetSpec, send: Send, *, progress: bool = True) -> FleetRun
                 start = int(rng.integers(40, max(41, steps - span)))
                 faults.append(Fault(FaultKind.SLOW_NIC, start, start + span,
                                     factor=spec.slow_nic_factor, hosts=(name,)))  # fmt: skip
+            if host == truth.chronic_nic_host:
+                faults.append(Fault(FaultKind.SLOW_NIC, 0, factor=spec.chronic_nic_factor,
+                                    hosts=(name,)))  # fmt: skip
             if host == truth.failing_host and failed_at is None and j >= spec.fail_after_jobs:
                 faults.append(Fault(FaultKind.DEAD_HOST, int(steps * 0.6), hosts=(name,)))
                 failed_at = j
@@ -196,6 +207,8 @@ def score(run: FleetRun, spec: FleetSpec) -> dict[str, Any]:
     t = run.truth
     nic = f"{t.slow_nic_host}/mlx5_0"
     faulty = {"gpus": set(t.slow_gpus), "nics": {nic}}
+    if t.chronic_nic_host is not None:
+        faulty["nics"].add(f"{t.chronic_nic_host}/mlx5_0")
     out: dict[str, Any] = {"parts": {}, "false_flags": []}
     for kind, parts in run.final.items():
         order = [p["part"] for p in parts]

@@ -20,7 +20,7 @@ import numpy as np
 from sqlalchemy.orm import Session, sessionmaker
 
 from failslow.detectors.findings import Finding
-from failslow.detectors.fleet import SpeedTally
+from failslow.detectors.fleet_links import FleetTally
 from failslow.detectors.hang import HangSnapshot
 from failslow.detectors.pipeline import JobPipeline
 from failslow.detectors.types import Frame, JobShape
@@ -52,8 +52,8 @@ from failslow.service.stream.state import JobState
 
 log = logging.getLogger(__name__)
 HANG_KEY = (IncidentKind.HANG, Subject.job())
-# what the fleet ledger takes from a job: slot -> rank, rank -> (host, gpu), the speed tally
-Taken = tuple[list[int], dict[int, tuple[str | None, int | None]], SpeedTally]
+# what the fleet ledger takes from a job: slot -> rank, rank -> (host, gpu), its tally
+Taken = tuple[list[int], dict[int, tuple[str | None, int | None]], FleetTally]
 
 
 @dataclass(slots=True)
@@ -73,7 +73,7 @@ class JobRuntime:
     backlog: list[Frame] = field(default_factory=list)  # closed, waiting for a pass
     tuned: dict[str, float] | None = None  # the overrides the pipeline runs with (None: unset)
     settings: DetectionSettings | None = None  # the job's effective settings with them
-    tally: SpeedTally = field(default_factory=SpeedTally)  # per-slot speed, for the fleet ledger
+    tally: FleetTally = field(default_factory=FleetTally)  # speed, links: for the fleet ledger
 
 
 class DetectionEngine:
@@ -202,7 +202,7 @@ class DetectionEngine:
         if rt is None:
             return None
         with rt.lock:
-            tally, rt.tally = rt.tally, SpeedTally()
+            tally, rt.tally = rt.tally, FleetTally()
             return list(rt.slot_rank), dict(rt.rank_info), tally
 
     def job_names(self) -> list[str]:
@@ -283,7 +283,7 @@ class DetectionEngine:
                 findings.extend(rt.pipeline.process(frame, shape))
                 scores = rt.pipeline.last_scores
                 assert scores is not None
-                rt.tally.add(scores.compute_ratio, scores.frame_time)
+                rt.tally.add(scores.compute_ratio, scores.frame_time, shape, rt.pipeline.last_links)
                 base = rt.pipeline.job_view()["baseline_step_time_s"]
                 jr, rr = rt.history.add(frame, scores, snap.slot_rank, base)  # type: ignore[arg-type]
                 job_rows += jr

@@ -4,9 +4,11 @@ Every ``flush_interval_s`` it takes, per running job, the speed tally the detect
 (per rank: frames, sum and sum of squares of log compute ratios against role peers; taken off
 the detection engine, never off the ingest path) and folds it into one reading per part per job.
 A host's reading is its GPUs' mean; its network part gets the host's observed time (the exposure
-its incident rate is judged on). Incidents are heard as events (opened, resolved) and read back
-from the database, so that what a rolled-back transaction announced is never counted; each marks
-the parts it names with the job time it cost. Then :mod:`.standing` judges the parts again.
+its incident rate is judged on) and the job's passive link reading of the host, where its
+collectives could tell it apart (``detectors/fleet_links.py``). Incidents are heard as events
+(opened, resolved) and read back from the database, so that what a rolled-back transaction
+announced is never counted; each marks the parts it names with the job time it cost. Then
+:mod:`.standing` judges the parts again.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import select
@@ -169,7 +172,11 @@ class FleetLedger:
             whole = pooled(readings)
             items.append((host_part(host), whole))
             nics = inv[host].nics if host in inv else None
-            items.append((nic_part(host, nics), JobReading(0, 0.0, 0.0, whole.observed_s)))
+            # its network: the host's observed time, and its passive link speed where the
+            # job's communicators could tell it apart (detectors/fleet_links.py)
+            link = tally.link_reading(host)
+            net = JobReading(0, 0.0, 0.0, 0.0) if link is None else link
+            items.append((nic_part(host, nics), replace(net, observed_s=whole.observed_s)))
         self._fold(s, job, items, now_ns, touched)
 
     def _fold(self, s: Session, job: str, items: list[tuple[Part, JobReading]], now_ns: int,

@@ -34,7 +34,10 @@ class PartOut(BaseModel):
     slowness: float = Field(description="Pooled compute time against its peers (1.06 = 6% slower).")
     slowness_low: float = Field(description="The credible interval's lower end.")
     slowness_high: float
-    jobs: int = Field(description="Jobs with a speed reading of it (a NIC: its link checks).")
+    jobs: int = Field(
+        description="Jobs with a speed reading of it (a NIC: its link checks and the jobs whose "
+        "passive data could judge its link)."
+    )
     jobs_seen: int = Field(description="Jobs it was seen in.")
     observed_h: float = Field(description="Hours of job time it was observed.")
     incidents: int = Field(description="Incidents that named it, ever.")

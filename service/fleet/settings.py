@@ -72,8 +72,8 @@ class FleetSettings(BaseModel):
     )  # fmt: skip
     link_flag_ratio: float = Field(
         default=1.2, gt=1,
-        description="A NIC whose link checks (qualification, probes), pooled, are confidently "
-        "this much slower than their reference is slow.",
+        description="A NIC whose link readings (qualification, probes, jobs' passive data), "
+        "pooled, are confidently this much slower than their reference is slow.",
     )  # fmt: skip
     link_prior_sd: float = Field(
         default=0.3, gt=0, description="The fleet prior on a NIC's log link slowness."
@@ -83,9 +83,15 @@ class FleetSettings(BaseModel):
         description="A healthy NIC's check-to-check spread of log link speed is never taken "
         "below this.",
     )  # fmt: skip
+    link_passive_tau_floor: float = Field(
+        default=0.03, gt=0,
+        description="A healthy NIC's job-to-job spread of its passive link reading (jobs' own "
+        "collectives) is never taken below this.",
+    )  # fmt: skip
     link_min_checks: int = Field(
-        default=3, ge=1, description="Link checks of a NIC before it can be called slow."
-    )
+        default=3, ge=1,
+        description="Link readings (checks, jobs) of a NIC before it can be called slow.",
+    )  # fmt: skip
     qualify_keep_runs: int = Field(
         default=1000, ge=1,
         description="Qualification runs kept in the database (the newest; older ones go, with "
@@ -98,9 +104,11 @@ class FleetSettings(BaseModel):
     )  # fmt: skip
 
     def link_model(self) -> FleetModel:
-        """The model NICs are judged by (their readings are link checks)."""
+        """The model NICs are judged by (their readings are link checks and jobs' passive link
+        readings)."""
         return self.model().links(flag_ratio=self.link_flag_ratio, prior_sd=self.link_prior_sd,
                                   tau_floor=self.link_tau_floor,
+                                  passive_tau_floor=self.link_passive_tau_floor,
                                   min_checks=self.link_min_checks)  # fmt: skip
 
     def model(self) -> FleetModel:

@@ -33,7 +33,7 @@ from failslow.detectors.fleet import (
     decay,
     fleet_rate,
     health,
-    tau_of,
+    taus_of,
 )
 from failslow.service.fleet.models import FleetMark, FleetPart, FleetReading, in_chunks
 from failslow.service.fleet.settings import FleetSettings
@@ -96,7 +96,7 @@ def judge_kind(s: Session, settings: FleetSettings, kind: PartKind, *, now_ns: i
         n_marks += 1
         if m.part_id in judged:
             marks[m.part_id].append(m)
-    tau = tau_of((r for rows in readings.values() for r, _, _ in rows), model)
+    tau, passive_tau = taus_of([r for rows in readings.values() for r, _, _ in rows], model)
     observed = sum(r.observed_s for rows in readings.values() for r, _, _ in rows)
     rate = fleet_rate(n_marks, observed)
     now_s = now_ns / 1e9
@@ -105,7 +105,7 @@ def judge_kind(s: Session, settings: FleetSettings, kind: PartKind, *, now_ns: i
         h = health(
             [r for r, _, _ in readings.get(part.part_id, [])],
             [IncidentMark(m.job_id, m.at_ns / 1e9, m.lost_s, m.hard) for m in mine],
-            now_s=now_s, tau=tau, fleet_rate_per_h=rate, model=model,
+            now_s=now_s, tau=tau, fleet_rate_per_h=rate, model=model, passive_tau=passive_tau,
         )  # fmt: skip
         # the job time its slowness surely cost: at the interval's lower end (0 unless the
         # evidence says slower than its peers), so that exposure alone ranks nothing
@@ -113,7 +113,8 @@ def judge_kind(s: Session, settings: FleetSettings, kind: PartKind, *, now_ns: i
         speed_cost = (1.0 - 1.0 / h.low) * h.observed_s if h.low > 1 and not model.link else 0.0
         part.cost_s = round(part.lost_s_total + speed_cost, 3)
         part.flagged = h.flagged
-        part.health = health_dict(h, tau=tau, fleet_rate=rate)
+        part.health = health_dict(h, tau=tau, fleet_rate=rate,
+                                  passive_tau=passive_tau if model.link else None)  # fmt: skip
         jobs_since = [
             j for _, j, last in readings.get(part.part_id, []) if last > part.state_since_ns
         ]
@@ -161,9 +162,14 @@ def set_state(part: FleetPart, state: PartState, now_ns: int, reason: str) -> No
     part.clean_s, part.clean_jobs = 0.0, []
 
 
-def health_dict(h: Health, *, tau: float, fleet_rate: float) -> dict[str, object]:
+def health_dict(h: Health, *, tau: float, fleet_rate: float,
+                passive_tau: float | None = None) -> dict[str, object]:  # fmt: skip
+    """A part's health as stored (``passive_tau``: a NIC's, the spread of jobs' passive link
+    readings)."""
     d = {f.name: getattr(h, f.name) for f in fields(h)}
     d["reasons"] = list(h.reasons)
     d.update(score=h.score, flagged=h.flagged, tau=tau, fleet_rate_per_h=fleet_rate)
+    if passive_tau is not None:
+        d["passive_tau"] = passive_tau
     return {k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v)
             for k, v in d.items()}  # fmt: skip

@@ -1,0 +1,137 @@
+"""A NIC's speed from passive data: what a job's own collectives say of each host's network.
+
+In a collective every member waits for the slowest link of its ring, so one communicator's bus
+bandwidth cannot say which of its hosts is slow. A host's **fastest** communicator can: a slow
+NIC makes every communicator through it slow, while a healthy host has one that avoids any single
+slow NIC elsewhere — as a link check takes a host's fastest pair (:func:`.fleet.link_readings`).
+That holds only where the host's communicators share no other host: when another host is in
+every one of them (a data-parallel ring over all hosts, a host with one pipeline partner), its
+fastest communicator may be slow for the other host's sake, and the frame gives no reading of
+it.
+
+Per frame, per host that passive data can separate so: its slowness is the job's median fastest
+ratio over the fastest ratio of its own communicators (``ratio`` as the link detector scores it:
+bandwidth against the communicator's own best and its peers', :class:`.link.LinkScores`), at
+least ``MIN_HOSTS`` hosts judged in the frame. A NIC 1.2x slower than the others in every job it
+joins is below every per-job link threshold; the fleet ledger pools these readings across jobs
+(:class:`FleetTally`, ``service/fleet/ledger.py``).
+
+Pure functions of numbers: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from failslow.detectors.fleet import JobReading, SpeedTally
+from failslow.detectors.link import LinkScores
+from failslow.detectors.types import JobShape
+
+MIN_HOSTS = 3  # hosts judged in a frame before any is compared with the others
+MIN_LINK_FRAMES = 20  # frames of a host in a job before its passive reading is kept
+_CACHE = 8  # separability per shape and set of communicators with data, most recent kept
+
+
+def separable(shape: JobShape, with_data: np.ndarray) -> np.ndarray:
+    """Per host index: whether its communicators with data (``with_data``, per comm) are two or
+    more and no other host is in every one of them."""
+    mine: list[list[int]] = [[] for _ in range(shape.n_hosts)]
+    for c in np.flatnonzero(with_data[: len(shape.comm_hosts)]).tolist():
+        hosts = shape.comm_hosts[c]
+        if len(hosts) >= 2:
+            for h in hosts:
+                mine[h].append(c)
+    out = np.zeros(shape.n_hosts, dtype=bool)
+    for h, comms in enumerate(mine):
+        if len(comms) < 2:
+            continue
+        comms.sort(key=lambda c: len(shape.comm_hosts[c]))
+        common = set(shape.comm_hosts[comms[0]])
+        for c in comms[1:]:
+            common.intersection_update(shape.comm_hosts[c])
+            if len(common) == 1:
+                break
+        out[h] = common == {h}
+    return out
+
+
+def host_link_slowness(
+    shape: JobShape, ratio: np.ndarray, cache: dict[bytes, np.ndarray] | None = None
+) -> np.ndarray:
+    """Per host index: the job's median fastest ``ratio`` over the host's own fastest (> 1:
+    slower than the others); NaN where the frame cannot separate the host (module doc) or
+    fewer than ``MIN_HOSTS`` hosts are judged. ``cache``: separability by the set of
+    communicators with data, for one shape."""
+    n = min(ratio.size, len(shape.comm_hosts))
+    out = np.full(shape.n_hosts, np.nan)
+    with_data = np.isfinite(ratio[:n]) & (ratio[:n] > 0)
+    if not with_data.any():
+        return out
+    key = np.packbits(with_data).tobytes()
+    sep = None if cache is None else cache.get(key)
+    if sep is None:
+        sep = separable(shape, with_data)
+        if cache is not None:
+            if len(cache) >= _CACHE:
+                cache.pop(next(iter(cache)))
+            cache[key] = sep
+    keep = shape.ch_comm < n
+    ch_comm, ch_host = shape.ch_comm[keep], shape.ch_host[keep]
+    sel = with_data[ch_comm]
+    best = np.full(shape.n_hosts, np.nan)
+    np.fmax.at(best, ch_host[sel], ratio[ch_comm[sel]])
+    judged = sep & np.isfinite(best)
+    if judged.sum() < MIN_HOSTS:
+        return out
+    out[judged] = float(np.median(best[judged])) / best[judged]
+    return out
+
+
+class FleetTally:
+    """What a job's detection passes saw for the fleet ledger since it last took them: per rank
+    slot the compute ratios (:class:`.fleet.SpeedTally`), per host the passive link slowness
+    (:func:`host_link_slowness`), kept by host name (a job's host indices change when its
+    topology does). Bounded by the job's size."""
+
+    __slots__ = ("speed", "links", "hosts", "_index", "_shape", "_map", "_cache")
+
+    def __init__(self) -> None:
+        self.speed = SpeedTally()
+        self.links = SpeedTally()
+        self.hosts: list[str] = []
+        self._index: dict[str, int] = {}
+        self._shape: JobShape | None = None
+        self._map = np.zeros(0, dtype=np.int64)  # shape's host index -> this tally's
+        self._cache: dict[bytes, np.ndarray] = {}
+
+    def add(
+        self, compute_ratio: np.ndarray, frame_s: float,
+        shape: JobShape | None = None, links: LinkScores | None = None,
+    ) -> None:  # fmt: skip
+        """One frame: its compute ratios per slot, and where given its communicators' link
+        scores with the job's shape."""
+        self.speed.add(compute_ratio, frame_s)
+        if shape is None or links is None or not shape.n_hosts:
+            return
+        if shape is not self._shape:
+            for h in shape.hosts:
+                self._index.setdefault(h, len(self._index))
+            self.hosts = list(self._index)
+            self._map = np.array([self._index[h] for h in shape.hosts], dtype=np.int64)
+            self._shape, self._cache = shape, {}
+        slow = host_link_slowness(shape, links.ratio, self._cache)
+        if np.isfinite(slow).any():
+            full = np.full(len(self._index), np.nan)
+            full[self._map] = slow
+            self.links.add(full, frame_s)
+
+    def reading(self, slot: int) -> JobReading | None:
+        """A rank slot's compute reading (None: no frame of it)."""
+        return self.speed.reading(slot)
+
+    def link_reading(self, host: str) -> JobReading | None:
+        """A host's passive link reading: its log slowness per frame (None: fewer than
+        ``MIN_LINK_FRAMES`` frames judged it)."""
+        i = self._index.get(host)
+        r = None if i is None else self.links.reading(i)
+        return r if r is not None and r.n >= MIN_LINK_FRAMES else None
