@@ -51,8 +51,9 @@ def part_text(p: dict[str, Any]) -> str:
         f"job time lost {p['cost_s']:.1f} s",
         "Reasons:" if p["reasons"] else "Reasons:     none",
         *(f"  {r}" for r in p["reasons"]),
-        "Readings (per job):" if p.get("readings") else "Readings:    none",
+        "Readings (per job or link check):" if p.get("readings") else "Readings:    none",
         *(f"  {r['job']:<28} {r['ratio']:.4f}x  {r['frames']} frames  {r['observed_s']:.0f} s"
+          + ("  (link check)" if r.get("source") == "link_check" else "")
           for r in p.get("readings", [])),  # fmt: skip
         "Incidents that named it:" if p.get("marks") else "Marks:       none",
         *(f"  {m['at']}  {m['kind']:<10} {m['severity']:<8} job {m['job']}  "

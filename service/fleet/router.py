@@ -36,6 +36,7 @@ from failslow.service.fleet.schemas import (
     PartOut,
     PartSort,
     ReadingOut,
+    ReadingSource,
 )
 from failslow.service.ids import rfc3339
 
@@ -169,11 +170,16 @@ def get_part(kinds: Kinds, part: PartPath, session: SessionDep) -> dict[str, obj
                                .order_by(FleetReading.last_ns.desc()))  # fmt: skip
     marks = session.scalars(select(FleetMark).where(FleetMark.part_id == part)
                             .order_by(FleetMark.at_ns.desc()))  # fmt: skip
+
+    def check(r: FleetReading) -> bool:  # a NIC's link check has no observed job time
+        return row.kind == PartKind.NIC and r.observed_s == 0
+
     return {
         **part_out(row),
         "readings": [
             ReadingOut(
                 job=r.job_id,
+                source=ReadingSource.LINK_CHECK if check(r) else ReadingSource.JOB,
                 frames=r.n,
                 ratio=round(math.exp(r.mean), 5),
                 observed_s=round(r.observed_s, 3),

@@ -59,10 +59,21 @@ class PartOut(BaseModel):
     )
 
 
+class ReadingSource(StrEnum):
+    """What a reading of a part was taken from."""
+
+    JOB = "job"  # a job's own data: compute against role peers; a NIC's, its passive link speed
+    LINK_CHECK = "link_check"  # a qualification run's or a probe campaign's link tests (a NIC)
+
+
 class ReadingOut(BaseModel):
-    job: str
-    frames: int
-    ratio: float = Field(description="Its compute time against its role peers in that job.")
+    job: str = Field(description="The job, or the link check's run or campaign id.")
+    source: ReadingSource
+    frames: int = Field(description="Frames of the job that judged it (0: observed, no reading).")
+    ratio: float = Field(
+        description="Its compute time against its role peers in that job; a NIC's: its link's "
+        "slowness against the job's other hosts, or against the check's reference."
+    )
     observed_s: float
     first_seen: str | None
     last_seen: str | None

@@ -166,6 +166,9 @@ def test_a_nic_that_passes_every_qualification_but_is_always_slower_is_flagged(
     assert part["state"] == "suspect" and "over" in part["state_reason"]
     assert part["state_reason"].startswith("links ") and "link checks" in part["state_reason"]
     assert part["jobs_seen"] == 0 and part["jobs"] == 8  # 8 link checks; runs are not jobs
+    readings = part["readings"]
+    assert isinstance(readings, list) and len(readings) == 8
+    assert all(r["source"] == "link_check" for r in readings)
 
 
 def test_probe_campaigns_read_nic_speeds_into_the_ledger(c: TestClient) -> None:
