@@ -37,8 +37,9 @@ and then ran clean for weeks decays back to the fleet.
 
 **Cost.** The job time a part cost: incidents' lost time (duration x the share of the step time
 the incident's subject took) plus, for a slow part, its excess ``1 - 1/slowness`` of the time it
-was observed in jobs (not for a NIC slow in its link checks: a link 30% slower does not make a
-job 30% slower; its incidents price it). Offenders are ranked by it.
+was observed in jobs; for a NIC, what its transfers lost in the jobs' passive readings (a link
+30% slower does not make a job 30% slower; a NIC slow only in its link checks is priced by its
+incidents). Offenders are ranked by it (:func:`speed_cost`).
 
 Pure functions of numbers: no clock, no I/O.
 """
@@ -86,6 +87,7 @@ class JobReading:
     mean: float  # mean of log(compute ratio); > 0 slower than peers
     var: float  # variance of the per-frame values
     observed_s: float  # event time the part was observed in the job
+    lost_s: float = 0.0  # job time its slowness cost there, as measured (a NIC's transfers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,9 +272,24 @@ def health(
             f"named by incidents in {h.incident_jobs} jobs ({h.rate_per_h:.2f}/h observed, "
             f"the fleet's {fleet_rate_per_h:.2f}/h)"
         )
-    if h.slowness > 1.0 and not model.link:  # (what a slow link costs is its incidents')
-        h.cost_s += (1.0 - 1.0 / h.slowness) * h.observed_s
+    if h.slowness > 1.0:
+        h.cost_s += speed_cost(h, readings, model, h.slowness)
     return h
+
+
+def speed_cost(h: Health, readings: Sequence[JobReading], model: FleetModel, at: float) -> float:
+    """The job time a part's slowness cost, were it ``at`` x slower than its peers: a GPU or
+    host ``1 - 1/at`` of the time it ran (a straggler sets a synchronous job's pace); a NIC what
+    its transfers lost in the jobs' passive readings (measured at its estimated slowness, scaled
+    to ``at``: a link 30% slower does not make a job 30% slower)."""
+    if not at > 1.0:
+        return 0.0
+    if not model.link:
+        return (1.0 - 1.0 / at) * h.observed_s
+    lost = sum(r.lost_s for r in readings if model.passive(r))
+    if not (lost > 0 and h.slowness > 1.0):
+        return 0.0
+    return lost * min(1.0, (1.0 - 1.0 / at) / (1.0 - 1.0 / h.slowness))
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,11 +373,12 @@ class SpeedTally:
 def merge(a: JobReading, b: JobReading) -> JobReading:
     """Two readings of one part in one job (or an archive of old jobs) pooled into one."""
     n = a.n + b.n
+    observed, lost = a.observed_s + b.observed_s, a.lost_s + b.lost_s
     if n == 0:
-        return JobReading(0, 0.0, 0.0, a.observed_s + b.observed_s)
+        return JobReading(0, 0.0, 0.0, observed, lost)
     mean = (a.n * a.mean + b.n * b.mean) / n
     m2 = a.n * (a.var + a.mean**2) + b.n * (b.var + b.mean**2)
-    return JobReading(n, mean, max(0.0, m2 / n - mean**2), a.observed_s + b.observed_s)
+    return JobReading(n, mean, max(0.0, m2 / n - mean**2), observed, lost)
 
 
 def pooled(readings: Sequence[JobReading]) -> JobReading:

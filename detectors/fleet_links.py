@@ -16,19 +16,25 @@ least ``MIN_HOSTS`` hosts judged in the frame. A NIC 1.2x slower than the others
 joins is below every per-job link threshold; the fleet ledger pools these readings across jobs
 (:class:`FleetTally`, ``service/fleet/ledger.py``).
 
+What a slower host's network cost the frame: its longest transfer time in one of its
+communicators (the one the step waits for longest), less what it would have taken at the
+median host's speed: ``t x (1 - 1/slowness)``.
+
 Pure functions of numbers: no clock, no I/O.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from failslow.detectors.fleet import JobReading, SpeedTally
 from failslow.detectors.link import LinkScores
-from failslow.detectors.types import JobShape
+from failslow.detectors.straggler import FrameScores
+from failslow.detectors.types import Frame, JobShape
 
 MIN_HOSTS = 3  # hosts judged in a frame before any is compared with the others
-MIN_LINK_FRAMES = 20  # frames of a host in a job before its passive reading is kept
 _CACHE = 8  # separability per shape and set of communicators with data, most recent kept
 
 
@@ -52,6 +58,18 @@ def separable(shape: JobShape, with_data: np.ndarray) -> np.ndarray:
             if len(common) == 1:
                 break
         out[h] = common == {h}
+    return out
+
+
+def host_transfer_s(shape: JobShape, transfer: np.ndarray, with_data: np.ndarray) -> np.ndarray:
+    """Per host index: the longest summed transfer time of one of its communicators with data in
+    the frame (NaN: none)."""
+    n = min(transfer.size, with_data.size)
+    keep = shape.ch_comm < n
+    ch_comm, ch_host = shape.ch_comm[keep], shape.ch_host[keep]
+    sel = with_data[ch_comm] & np.isfinite(transfer[ch_comm])
+    out = np.full(shape.n_hosts, np.nan)
+    np.fmax.at(out, ch_host[sel], transfer[ch_comm[sel]])
     return out
 
 
@@ -93,23 +111,31 @@ class FleetTally:
     (:func:`host_link_slowness`), kept by host name (a job's host indices change when its
     topology does). Bounded by the job's size."""
 
-    __slots__ = ("speed", "links", "hosts", "_index", "_shape", "_map", "_cache")
+    __slots__ = ("speed", "links", "lost", "hosts", "_index", "_shape", "_map", "_cache")
 
     def __init__(self) -> None:
         self.speed = SpeedTally()
         self.links = SpeedTally()
+        self.lost = np.zeros(0)  # per host: what its slower network cost the job (s)
         self.hosts: list[str] = []
         self._index: dict[str, int] = {}
         self._shape: JobShape | None = None
         self._map = np.zeros(0, dtype=np.int64)  # shape's host index -> this tally's
         self._cache: dict[bytes, np.ndarray] = {}
 
+    def observe(
+        self, frame: Frame, scores: FrameScores, shape: JobShape, links: LinkScores | None
+    ) -> None:
+        """One frame as detection scored it."""
+        self.add(scores.compute_ratio, scores.frame_time, shape, links, frame.comm_transfer)
+
     def add(
-        self, compute_ratio: np.ndarray, frame_s: float,
-        shape: JobShape | None = None, links: LinkScores | None = None,
+        self, compute_ratio: np.ndarray, frame_s: float, shape: JobShape | None = None,
+        links: LinkScores | None = None, transfer: np.ndarray | None = None,
     ) -> None:  # fmt: skip
         """One frame: its compute ratios per slot, and where given its communicators' link
-        scores with the job's shape."""
+        scores with the job's shape (and their summed transfer times: what a slower host's
+        network cost)."""
         self.speed.add(compute_ratio, frame_s)
         if shape is None or links is None or not shape.n_hosts:
             return
@@ -120,18 +146,30 @@ class FleetTally:
             self._map = np.array([self._index[h] for h in shape.hosts], dtype=np.int64)
             self._shape, self._cache = shape, {}
         slow = host_link_slowness(shape, links.ratio, self._cache)
-        if np.isfinite(slow).any():
-            full = np.full(len(self._index), np.nan)
-            full[self._map] = slow
-            self.links.add(full, frame_s)
+        if not np.isfinite(slow).any():
+            return
+        full = np.full(len(self._index), np.nan)
+        full[self._map] = slow
+        self.links.add(full, frame_s)
+        if transfer is None:
+            return
+        with_data = np.isfinite(links.ratio) & (links.ratio > 0)
+        lost = host_transfer_s(shape, transfer, with_data) * (1.0 - 1.0 / slow)
+        if self.lost.size < len(self._index):
+            self.lost = np.concatenate([self.lost, np.zeros(len(self._index) - self.lost.size)])
+        ok = np.isfinite(lost) & (lost > 0)
+        self.lost[self._map[ok]] += lost[ok]
 
     def reading(self, slot: int) -> JobReading | None:
         """A rank slot's compute reading (None: no frame of it)."""
         return self.speed.reading(slot)
 
     def link_reading(self, host: str) -> JobReading | None:
-        """A host's passive link reading: its log slowness per frame (None: fewer than
-        ``MIN_LINK_FRAMES`` frames judged it)."""
+        """A host's passive link reading since the tally was taken: its log slowness per frame
+        and what its slower network cost (None: no frame judged it; the ledger adds the takes
+        of a job up, and the fleet model counts a job's reading from ``min_frames`` frames)."""
         i = self._index.get(host)
         r = None if i is None else self.links.reading(i)
-        return r if r is not None and r.n >= MIN_LINK_FRAMES else None
+        if r is None:
+            return None
+        return replace(r, lost_s=float(self.lost[i]) if i < self.lost.size else 0.0)

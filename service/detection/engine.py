@@ -283,7 +283,7 @@ class DetectionEngine:
                 findings.extend(rt.pipeline.process(frame, shape))
                 scores = rt.pipeline.last_scores
                 assert scores is not None
-                rt.tally.add(scores.compute_ratio, scores.frame_time, shape, rt.pipeline.last_links)
+                rt.tally.observe(frame, scores, shape, rt.pipeline.last_links)
                 base = rt.pipeline.job_view()["baseline_step_time_s"]
                 jr, rr = rt.history.add(frame, scores, snap.slot_rank, base)  # type: ignore[arg-type]
                 job_rows += jr

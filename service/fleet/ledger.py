@@ -202,13 +202,15 @@ class FleetLedger:
                     olds[part.part_id] = FleetReading(
                         part_id=part.part_id, job_id=job, n=reading.n, mean=reading.mean,
                         var=reading.var, observed_s=reading.observed_s, first_ns=now_ns,
-                        last_ns=now_ns)  # fmt: skip
+                        last_ns=now_ns, lost_s=reading.lost_s)  # fmt: skip
                     s.add(olds[part.part_id])
                     if row.jobs_total > self.settings.max_jobs_per_part or not count_job:
                         crowded.append(part.part_id)  # (runs are not jobs: count the rows)
                 else:
-                    m = merge(JobReading(old.n, old.mean, old.var, old.observed_s), reading)
+                    m = merge(JobReading(old.n, old.mean, old.var, old.observed_s, old.lost_s),
+                              reading)  # fmt: skip
                     old.n, old.mean, old.var, old.observed_s = m.n, m.mean, m.var, m.observed_s
+                    old.lost_s = m.lost_s
                     old.last_ns = max(old.last_ns, now_ns)
                 touched[part.part_id] = touched.get(part.part_id, 0.0) + reading.observed_s
         s.flush()

@@ -64,6 +64,8 @@ class FleetReading(Base):
     observed_s: Mapped[float] = mapped_column(Float)
     first_ns: Mapped[int] = mapped_column(BigInteger)
     last_ns: Mapped[int] = mapped_column(BigInteger)
+    # job time the part's own slowness cost there, as measured (a NIC's passive readings)
+    lost_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
 
 
 class FleetMark(Base):

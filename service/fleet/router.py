@@ -183,6 +183,7 @@ def get_part(kinds: Kinds, part: PartPath, session: SessionDep) -> dict[str, obj
                 frames=r.n,
                 ratio=round(math.exp(r.mean), 5),
                 observed_s=round(r.observed_s, 3),
+                lost_s=round(r.lost_s, 3),
                 first_seen=rfc3339(r.first_ns),
                 last_seen=rfc3339(r.last_ns),
             )  # fmt: skip

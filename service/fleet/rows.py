@@ -49,10 +49,10 @@ def prune_readings(s: Session, part_id: str, keep: int) -> None:
         return
     archive = next((r for r in rows if r.job_id == ARCHIVE), None)
     old = [r for r in rows if r.job_id != ARCHIVE][: len(rows) - keep + (archive is None)]
-    acc = JobReading(archive.n, archive.mean, archive.var, archive.observed_s) if archive else \
-        JobReading(0, 0.0, 0.0, 0.0)  # fmt: skip
+    acc = JobReading(archive.n, archive.mean, archive.var, archive.observed_s, archive.lost_s) \
+        if archive else JobReading(0, 0.0, 0.0, 0.0)  # fmt: skip
     for r in old:
-        acc = merge(acc, JobReading(r.n, r.mean, r.var, r.observed_s))
+        acc = merge(acc, JobReading(r.n, r.mean, r.var, r.observed_s, r.lost_s))
         s.delete(r)
     if archive is None:
         archive = FleetReading(
@@ -64,10 +64,12 @@ def prune_readings(s: Session, part_id: str, keep: int) -> None:
             mean=0.0,
             var=0.0,
             observed_s=0.0,
+            lost_s=0.0,
         )
         s.add(archive)
     archive.n, archive.mean, archive.var, archive.observed_s = acc.n, acc.mean, acc.var, \
         acc.observed_s  # fmt: skip
+    archive.lost_s = acc.lost_s
     archive.last_ns = max(archive.last_ns, old[-1].last_ns)
 
 

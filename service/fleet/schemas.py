@@ -75,6 +75,10 @@ class ReadingOut(BaseModel):
         "slowness against the job's other hosts, or against the check's reference."
     )
     observed_s: float
+    lost_s: float = Field(
+        description="Job time its own slowness cost there, as measured (a NIC's: what its "
+        "transfers lost against the job's other hosts; 0 where not measured)."
+    )
     first_seen: str | None
     last_seen: str | None
 

@@ -33,6 +33,7 @@ from failslow.detectors.fleet import (
     decay,
     fleet_rate,
     health,
+    speed_cost,
     taus_of,
 )
 from failslow.service.fleet.models import FleetMark, FleetPart, FleetReading, in_chunks
@@ -85,10 +86,11 @@ def judge_kind(s: Session, settings: FleetSettings, kind: PartKind, *, now_ns: i
     judged = {p.part_id for p in parts}
     readings: dict[str, list[tuple[JobReading, str, int]]] = defaultdict(list)
     cols = (FleetReading.part_id, FleetReading.n, FleetReading.mean, FleetReading.var,
-            FleetReading.observed_s, FleetReading.job_id, FleetReading.last_ns)  # fmt: skip
+            FleetReading.observed_s, FleetReading.lost_s, FleetReading.job_id,
+            FleetReading.last_ns)  # fmt: skip
     every = select(*cols).join(FleetPart, FleetPart.part_id == FleetReading.part_id)
-    for pid, n, mean, var, obs, job, last in s.execute(every.where(FleetPart.kind == kind)):
-        readings[pid].append((JobReading(n, mean, var, obs), job, last))
+    for pid, n, mean, var, obs, lost, job, last in s.execute(every.where(FleetPart.kind == kind)):
+        readings[pid].append((JobReading(n, mean, var, obs, lost), job, last))
     marks: dict[str, list[FleetMark]] = defaultdict(list)
     q2 = select(FleetMark).join(FleetPart, FleetPart.part_id == FleetMark.part_id)
     n_marks = 0
@@ -109,9 +111,8 @@ def judge_kind(s: Session, settings: FleetSettings, kind: PartKind, *, now_ns: i
         )  # fmt: skip
         # the job time its slowness surely cost: at the interval's lower end (0 unless the
         # evidence says slower than its peers), so that exposure alone ranks nothing
-        # (a NIC's readings are link speeds: what they cost is its incidents')
-        speed_cost = (1.0 - 1.0 / h.low) * h.observed_s if h.low > 1 and not model.link else 0.0
-        part.cost_s = round(part.lost_s_total + speed_cost, 3)
+        surely = speed_cost(h, [r for r, _, _ in readings.get(part.part_id, [])], model, h.low)
+        part.cost_s = round(part.lost_s_total + surely, 3)
         part.flagged = h.flagged
         part.health = health_dict(h, tau=tau, fleet_rate=rate,
                                   passive_tau=passive_tau if model.link else None)  # fmt: skip

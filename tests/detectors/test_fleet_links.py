@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from failslow.detectors.fleet import FleetModel, JobReading, health, taus_of
+from failslow.detectors.fleet import FleetModel, Health, JobReading, health, speed_cost, taus_of
 from failslow.detectors.fleet_links import MIN_HOSTS, FleetTally, host_link_slowness, separable
 from failslow.detectors.link import LinkScores
 from failslow.detectors.types import JobShape, PeerGroups
@@ -125,3 +125,26 @@ def test_passive_readings_flag_a_chronically_slow_nic_after_a_few_jobs_and_no_he
     h = health(slow, [], now_s=0.0, tau=0.15, fleet_rate_per_h=0.0, model=model,
                passive_tau=passive_tau)  # fmt: skip
     assert "over 10 jobs" in h.reasons[0] and "link checks" not in h.reasons[0]
+
+
+def test_what_a_slower_network_cost_is_its_longest_transfer_less_the_median_hosts_speed() -> None:
+    t = FleetTally()
+    transfer = np.array([0.2, 0.05, 0.1, 0.04, 0.03])  # the ring, then the pairs (s per frame)
+    for _ in range(10):
+        t.add(np.ones(4), 1.0, RING_SHAPE, _links(ratios(RING_SHAPE, 2, 1.25)), transfer)
+    r2, r0 = t.link_reading("h2"), t.link_reading("h0")
+    assert r2 is not None and r0 is not None
+    # h2's longest transfer is the ring's 0.2 s a frame: 1 - 1/1.25 of it lost, 10 frames
+    assert math.isclose(r2.lost_s, 10 * 0.2 * 0.2) and r0.lost_s == 0.0
+
+
+def test_a_nics_speed_cost_is_its_measured_loss_at_the_credible_slowness() -> None:
+    model = FleetModel().links()
+    h = Health(slowness=1.25, low=1.1, observed_s=1000.0)
+    jobs = [JobReading(100, math.log(1.25), 0.0, 500.0, lost_s=4.0)] * 2
+    check = JobReading(1, math.log(1.25), 0.0, 0.0)  # a link check costs no job time
+    assert math.isclose(speed_cost(h, [*jobs, check], model, 1.25), 8.0)
+    assert math.isclose(speed_cost(h, jobs, model, 1.1), 8.0 * (1 - 1 / 1.1) / 0.2)
+    assert speed_cost(h, jobs, model, 1.0) == 0.0
+    # a GPU or host: its excess share of the time it ran
+    assert math.isclose(speed_cost(h, jobs, FleetModel(), 1.1), 1000.0 * (1 - 1 / 1.1))

@@ -1,5 +1,6 @@
 """A NIC's speed from jobs' own collectives, through a real service: a NIC 1.4x slower in every
-job (no job opens an incident for it) is flagged by the ledger after a few jobs; no other is."""
+job (no job opens an incident for it) is flagged by the ledger after a few jobs, and priced by
+what its transfers lost; no other is."""
 
 from __future__ import annotations
 
@@ -52,8 +53,14 @@ def test_a_chronically_slow_nic_is_flagged_from_passive_readings(tmp_path: Path)
                 flagged_at = j + 1
         slow = c.get(f"/v1/fleet/nics/{SLOW}/mlx5_0").json()
         healthy = c.get("/v1/fleet/nics/pa/mlx5_0").json()
+        by_cost = c.get("/v1/fleet/nics?sort=cost").json()
     assert flagged_at is not None and flagged_at <= 5, slow
     assert slow["state"] == "suspect" and "jobs" in slow["state_reason"], slow
     assert 1.25 <= slow["slowness"] <= 1.45, slow
-    assert all(r["frames"] >= 100 and r["source"] == "job" for r in slow["readings"]), slow
+    assert all(r["frames"] >= 100 and r["source"] == "job" and r["lost_s"] > 0
+               for r in slow["readings"]), slow  # fmt: skip
     assert healthy["readings"] and abs(healthy["slowness"] - 1) < 0.05, healthy
+    # priced by what its transfers lost (the simulator's truth for this NIC in these jobs:
+    # ~0.9 s per job, 3.5 s in all; priced at its credible slowness, less), ranked first by it
+    assert by_cost[0]["part"] == f"{SLOW}/mlx5_0" and 1.0 <= by_cost[0]["cost_s"] <= 3.5, by_cost
+    assert all(n["cost_s"] == 0 for n in by_cost[1:]), by_cost
