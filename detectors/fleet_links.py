@@ -123,6 +123,16 @@ class FleetTally:
         self._map = np.zeros(0, dtype=np.int64)  # shape's host index -> this tally's
         self._cache: dict[bytes, np.ndarray] = {}
 
+    def __getstate__(self) -> dict[str, object]:
+        """Pickled (a replica's snapshot) without the shape and its cache: rebuilt on the next
+        frame."""
+        return {k: getattr(self, k) for k in ("speed", "links", "lost", "hosts", "_index")}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+        self._shape, self._map, self._cache = None, np.zeros(0, dtype=np.int64), {}
+
     def observe(
         self, frame: Frame, scores: FrameScores, shape: JobShape, links: LinkScores | None
     ) -> None:

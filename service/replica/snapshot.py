@@ -23,11 +23,12 @@ from failslow.service.detection.engine import JobRuntime
 from failslow.service.stream.settings import StateSettings
 from failslow.service.stream.state import JobState
 
-FORMAT = 7  # 2: JobState.clock (stream/clock.py); 3: Topology.budget (stream/topology.py);
+FORMAT = 8  # 2: JobState.clock (stream/clock.py); 3: Topology.budget (stream/topology.py);
 # 4: frames keep time per comm kind and work per rank, the peer detector the job's usual work;
 # 5: the job history keeps its step noise (detectors/history.py); 6: the join and frames in
 # JobState.assembly, and a sharded job's shards (stream/shards); 7: the job history keeps each
-# rank's first frames (detectors/chronic.py), the reporter whether a plan is in force
+# rank's first frames (detectors/chronic.py), the reporter whether a plan is in force; 8: the
+# fleet tally keeps hosts' passive link readings (detectors/fleet_links.py)
 _RUNTIME_SKIP = ("lock", "shape", "shape_version")  # rebuilt on the next pass
 
 

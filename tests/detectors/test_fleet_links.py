@@ -4,6 +4,7 @@ only where its communicators share no other host; and the tally the fleet ledger
 from __future__ import annotations
 
 import math
+import pickle
 
 import numpy as np
 
@@ -82,6 +83,8 @@ def test_the_tally_keeps_hosts_by_name_across_topology_changes() -> None:
     for _ in range(15):
         r = ratios(RING_SHAPE, 2, 1.25) * np.exp(rng.normal(0, 0.01, 5))
         t.add(np.ones(4), 1.0, RING_SHAPE, _links(r))
+    t = pickle.loads(pickle.dumps(t))  # a replica's snapshot: without the shape, kept by name
+    assert "_shape" not in t.__getstate__()
     # the job's hosts renumbered (a host joined in front): h2 is still h2
     moved = shape_of(5, [tuple(h + 1 for h in c) for c in RING] + [(0, 1)])
     moved = JobShape(("h9", "h0", "h1", "h2", "h3"), *(getattr(moved, f) for f in (
