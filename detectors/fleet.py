@@ -115,7 +115,7 @@ class FleetModel:
     rate_factor: float = 3.0  # a repeat offender's rate against the fleet's
     min_incident_jobs: int = 2  # distinct jobs that must have named it
     min_jobs: int = 1  # readings (jobs, or link checks) before a part can be called slow
-    link: bool = False  # readings are link speeds (a NIC's): worded so, no job time priced
+    link: bool = False  # readings are link speeds (a NIC's): worded and priced so (speed_cost)
     # links: jobs' passive readings spread far less than checks (one job's frames against its
     # own hosts, not a path measured now and then): their own spread, with this floor
     passive_tau_floor: float = 0.03
