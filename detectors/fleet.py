@@ -272,8 +272,7 @@ def health(
             f"named by incidents in {h.incident_jobs} jobs ({h.rate_per_h:.2f}/h observed, "
             f"the fleet's {fleet_rate_per_h:.2f}/h)"
         )
-    if h.slowness > 1.0:
-        h.cost_s += speed_cost(h, readings, model, h.slowness)
+    h.cost_s += speed_cost(h, readings, model, h.slowness)
     return h
 
 

@@ -61,30 +61,21 @@ def separable(shape: JobShape, with_data: np.ndarray) -> np.ndarray:
     return out
 
 
-def host_transfer_s(shape: JobShape, transfer: np.ndarray, with_data: np.ndarray) -> np.ndarray:
-    """Per host index: the longest summed transfer time of one of its communicators with data in
-    the frame (NaN: none)."""
-    n = min(transfer.size, with_data.size)
-    keep = shape.ch_comm < n
-    ch_comm, ch_host = shape.ch_comm[keep], shape.ch_host[keep]
-    sel = with_data[ch_comm] & np.isfinite(transfer[ch_comm])
-    out = np.full(shape.n_hosts, np.nan)
-    np.fmax.at(out, ch_host[sel], transfer[ch_comm[sel]])
-    return out
-
-
-def host_link_slowness(
-    shape: JobShape, ratio: np.ndarray, cache: dict[bytes, np.ndarray] | None = None
-) -> np.ndarray:
-    """Per host index: the job's median fastest ``ratio`` over the host's own fastest (> 1:
-    slower than the others); NaN where the frame cannot separate the host (module doc) or
-    fewer than ``MIN_HOSTS`` hosts are judged. ``cache``: separability by the set of
-    communicators with data, for one shape."""
+def host_links(
+    shape: JobShape, ratio: np.ndarray, transfer: np.ndarray | None = None,
+    cache: dict[bytes, np.ndarray] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Per host index: its link slowness, the job's median fastest ``ratio`` over the host's own
+    fastest (> 1: slower than the others; NaN where the frame cannot separate the host, module
+    doc, or fewer than ``MIN_HOSTS`` hosts are judged); and the longest summed ``transfer`` time
+    (per comm, s) of one of its communicators with data (NaN: none, or no ``transfer``).
+    ``cache``: separability by the set of communicators with data, for one shape."""
     n = min(ratio.size, len(shape.comm_hosts))
-    out = np.full(shape.n_hosts, np.nan)
+    slow = np.full(shape.n_hosts, np.nan)
+    longest = np.full(shape.n_hosts, np.nan)
     with_data = np.isfinite(ratio[:n]) & (ratio[:n] > 0)
     if not with_data.any():
-        return out
+        return slow, longest
     key = np.packbits(with_data).tobytes()
     sep = None if cache is None else cache.get(key)
     if sep is None:
@@ -96,28 +87,31 @@ def host_link_slowness(
     keep = shape.ch_comm < n
     ch_comm, ch_host = shape.ch_comm[keep], shape.ch_host[keep]
     sel = with_data[ch_comm]
+    comm, host = ch_comm[sel], ch_host[sel]
     best = np.full(shape.n_hosts, np.nan)
-    np.fmax.at(best, ch_host[sel], ratio[ch_comm[sel]])
+    np.fmax.at(best, host, ratio[comm])
     judged = sep & np.isfinite(best)
     if judged.sum() < MIN_HOSTS:
-        return out
-    out[judged] = float(np.median(best[judged])) / best[judged]
-    return out
+        return slow, longest
+    slow[judged] = float(np.median(best[judged])) / best[judged]
+    if transfer is not None:
+        timed = comm < transfer.size
+        np.fmax.at(longest, host[timed], transfer[comm[timed]])
+    return slow, longest
 
 
 class FleetTally:
     """What a job's detection passes saw for the fleet ledger since it last took them: per rank
     slot the compute ratios (:class:`.fleet.SpeedTally`), per host the passive link slowness
-    (:func:`host_link_slowness`), kept by host name (a job's host indices change when its
+    and what it cost (:func:`host_links`), kept by host name (a job's host indices change when its
     topology does). Bounded by the job's size."""
 
-    __slots__ = ("speed", "links", "lost", "hosts", "_index", "_shape", "_map", "_cache")
+    __slots__ = ("speed", "links", "lost", "_index", "_shape", "_map", "_cache")
 
     def __init__(self) -> None:
         self.speed = SpeedTally()
         self.links = SpeedTally()
         self.lost = np.zeros(0)  # per host: what its slower network cost the job (s)
-        self.hosts: list[str] = []
         self._index: dict[str, int] = {}
         self._shape: JobShape | None = None
         self._map = np.zeros(0, dtype=np.int64)  # shape's host index -> this tally's
@@ -126,7 +120,7 @@ class FleetTally:
     def __getstate__(self) -> dict[str, object]:
         """Pickled (a replica's snapshot) without the shape and its cache: rebuilt on the next
         frame."""
-        return {k: getattr(self, k) for k in ("speed", "links", "lost", "hosts", "_index")}
+        return {k: getattr(self, k) for k in ("speed", "links", "lost", "_index")}
 
     def __setstate__(self, state: dict[str, object]) -> None:
         for k, v in state.items():
@@ -152,21 +146,16 @@ class FleetTally:
         if shape is not self._shape:
             for h in shape.hosts:
                 self._index.setdefault(h, len(self._index))
-            self.hosts = list(self._index)
+            self.lost = np.concatenate([self.lost, np.zeros(len(self._index) - self.lost.size)])
             self._map = np.array([self._index[h] for h in shape.hosts], dtype=np.int64)
             self._shape, self._cache = shape, {}
-        slow = host_link_slowness(shape, links.ratio, self._cache)
+        slow, longest = host_links(shape, links.ratio, transfer, self._cache)
         if not np.isfinite(slow).any():
             return
         full = np.full(len(self._index), np.nan)
         full[self._map] = slow
         self.links.add(full, frame_s)
-        if transfer is None:
-            return
-        with_data = np.isfinite(links.ratio) & (links.ratio > 0)
-        lost = host_transfer_s(shape, transfer, with_data) * (1.0 - 1.0 / slow)
-        if self.lost.size < len(self._index):
-            self.lost = np.concatenate([self.lost, np.zeros(len(self._index) - self.lost.size)])
+        lost = longest * (1.0 - 1.0 / slow)
         ok = np.isfinite(lost) & (lost > 0)
         self.lost[self._map[ok]] += lost[ok]
 
@@ -182,4 +171,4 @@ class FleetTally:
         r = None if i is None else self.links.reading(i)
         if r is None:
             return None
-        return replace(r, lost_s=float(self.lost[i]) if i < self.lost.size else 0.0)
+        return replace(r, lost_s=float(self.lost[i]))

@@ -104,14 +104,15 @@ def judge_kind(s: Session, settings: FleetSettings, kind: PartKind, *, now_ns: i
     now_s = now_ns / 1e9
     for part in parts:
         mine = marks.get(part.part_id, [])
+        seen = [r for r, _, _ in readings.get(part.part_id, [])]
         h = health(
-            [r for r, _, _ in readings.get(part.part_id, [])],
+            seen,
             [IncidentMark(m.job_id, m.at_ns / 1e9, m.lost_s, m.hard) for m in mine],
             now_s=now_s, tau=tau, fleet_rate_per_h=rate, model=model, passive_tau=passive_tau,
         )  # fmt: skip
         # the job time its slowness surely cost: at the interval's lower end (0 unless the
         # evidence says slower than its peers), so that exposure alone ranks nothing
-        surely = speed_cost(h, [r for r, _, _ in readings.get(part.part_id, [])], model, h.low)
+        surely = speed_cost(h, seen, model, h.low)
         part.cost_s = round(part.lost_s_total + surely, 3)
         part.flagged = h.flagged
         part.health = health_dict(h, tau=tau, fleet_rate=rate,

@@ -123,7 +123,7 @@ def blocked_collectives(
         ends_of = newest[slots]
         if shift is not None:
             ends_of = np.where(ends_of != NEVER, ends_of + shift[slots], NEVER)
-        progress = int(ends_of.max()) if slots.size else 0
+        progress = max(0, int(ends_of.max())) if slots.size else 0  # (NEVER: none ended yet)
         out.append(
             BlockedCollective(
                 comm.comm, g.seq, comm.ranks, tuple(starts), tuple(ends), t, g.seen_ns, progress

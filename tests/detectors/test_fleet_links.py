@@ -9,7 +9,7 @@ import pickle
 import numpy as np
 
 from failslow.detectors.fleet import FleetModel, Health, JobReading, health, speed_cost, taus_of
-from failslow.detectors.fleet_links import MIN_HOSTS, FleetTally, host_link_slowness, separable
+from failslow.detectors.fleet_links import MIN_HOSTS, FleetTally, host_links, separable
 from failslow.detectors.link import LinkScores
 from failslow.detectors.types import JobShape, PeerGroups
 
@@ -33,6 +33,7 @@ def shape_of(hosts: int, comms: list[tuple[int, ...]]) -> JobShape:
 
 # four hosts, a data-parallel ring over all of them and a pipeline's pairs around them
 RING = [(0, 1, 2, 3), (0, 1), (1, 2), (2, 3), (3, 0)]
+RING_SHAPE = shape_of(4, RING)
 
 
 def ratios(shape: JobShape, slow_host: int | None, factor: float) -> np.ndarray:
@@ -52,23 +53,20 @@ def test_a_host_is_separable_only_where_no_other_host_is_in_all_its_communicator
     assert sep.tolist() == [True, False, False, True]
 
 
-RING_SHAPE = shape_of(4, RING)
-
-
 def test_a_slow_nic_reads_its_own_slowness_and_nobody_else_does() -> None:
-    slow = host_link_slowness(RING_SHAPE, ratios(RING_SHAPE, 2, 1.3))
+    slow = host_links(RING_SHAPE, ratios(RING_SHAPE, 2, 1.3))[0]
     # host 2's fastest communicator is slow; every other host has one that avoids it
     assert math.isclose(slow[2], 1.3) and np.allclose(slow[[0, 1, 3]], 1.0)
-    assert np.allclose(host_link_slowness(RING_SHAPE, ratios(RING_SHAPE, None, 1.0)), 1.0)
+    assert np.allclose(host_links(RING_SHAPE, ratios(RING_SHAPE, None, 1.0))[0], 1.0)
 
 
 def test_no_reading_where_passive_data_cannot_tell_the_hosts_apart() -> None:
     ring_only = shape_of(4, [(0, 1, 2, 3), (0, 1, 2, 3)])
-    assert np.isnan(host_link_slowness(ring_only, ratios(ring_only, 2, 2.0))).all()
+    assert np.isnan(host_links(ring_only, ratios(ring_only, 2, 2.0))[0]).all()
     # a frame without data on two pairs leaves two hosts unseparated: too few to judge
     r = ratios(RING_SHAPE, None, 1.0)
     r[[2, 3]] = np.nan
-    assert MIN_HOSTS == 3 and np.isnan(host_link_slowness(RING_SHAPE, r)).all()
+    assert MIN_HOSTS == 3 and np.isnan(host_links(RING_SHAPE, r)[0]).all()
 
 
 def _links(ratio: np.ndarray) -> LinkScores:
