@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from failslow.detectors.findings import OpenCondition
 from failslow.detectors.history import FrameHistory
-from failslow.detectors.report import OpenCondition
 from failslow.detectors.robust import quiet_nan
 
 SLOW_SHARE = 0.7  # of its early frames a chronic rank was slow in (its first one included)

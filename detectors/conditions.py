@@ -18,13 +18,13 @@ from failslow.detectors.blind import on_slow_nic
 from failslow.detectors.changepoint import OnlineChangeDetector
 from failslow.detectors.chronic import date_chronic
 from failslow.detectors.defaults import DEFAULTS
-from failslow.detectors.findings import Finding, date_onset
+from failslow.detectors.findings import Finding, OpenCondition, date_onset, hang_finding
 from failslow.detectors.hang import HangDetector, HangSnapshot
 from failslow.detectors.history import FrameHistory
 from failslow.detectors.lifecycle import ConditionTracker, KeyedTracker, run_start
 from failslow.detectors.link import LinkDetector, LinkScores
 from failslow.detectors.localise import LinkSuspect
-from failslow.detectors.report import OpenCondition, Reporter
+from failslow.detectors.report import Reporter
 from failslow.detectors.robust import quiet_nan
 from failslow.detectors.straggler import FrameScores, NodeScores
 from failslow.detectors.types import Frame, JobShape
@@ -375,7 +375,7 @@ class Conditions:
             # also mean its collectives were abandoned (a restart), with nothing come since
             if info is not None and snap.last_progress_ns > info.detected_ns:
                 self.opened.pop(key)
-                return [self.reporter.hang_finding(RESOLVED, info, None, snap)]
+                return [hang_finding(RESOLVED, info, None, snap.now_ns, self.history.has_steps)]
             return []
         slots = tuple(slot_of_rank[r] for r in found.roots if r in slot_of_rank)
         if info is None:
@@ -390,8 +390,8 @@ class Conditions:
                 found.hosts,
             )
             self.opened[key] = info
-            return [self.reporter.hang_finding(OPENED, info, found, snap)]
+            return [hang_finding(OPENED, info, found, snap.now_ns, self.history.has_steps)]
         if slots != info.slots or found.hosts != info.hosts:
             info.slots, info.hosts = slots, found.hosts
-            return [self.reporter.hang_finding(UPDATED, info, found, snap)]
+            return [hang_finding(UPDATED, info, found, snap.now_ns, self.history.has_steps)]
         return []

@@ -9,6 +9,7 @@ import numpy as np
 
 from failslow.detectors.changepoint import segment_window
 from failslow.detectors.defaults import DEFAULTS
+from failslow.detectors.hang_input import HangFinding
 from failslow.detectors.lifecycle import run_start
 from failslow.detectors.robust import quiet_nan
 from failslow.detectors.vocab import FindingStatus, IncidentKind, Severity, Subject
@@ -103,3 +104,68 @@ def date_onset(
                     pos -= 1
             return pos
     return start
+
+
+# the numbers of a report: (job slowdown, subject slowdown, confidence, reason, evidence)
+Numbers = tuple[float, float, float, str, dict[str, Any]]
+
+
+@dataclass(slots=True)
+class OpenCondition:
+    """A condition from its opening until it resolves."""
+
+    kind: IncidentKind
+    onset_pos: int  # absolute frame counter of the onset
+    onset_index: int
+    onset_ns: int
+    detected_index: int
+    detected_ns: int
+    slots: tuple[int, ...] = ()
+    hosts: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+    redate_at: int = -1  # frame counter at which to re-date the onset with more data
+    # the numbers of the last report while open: a resolution reports what the fault was, not
+    # the recovered frames it is decided on
+    last: Numbers | None = None
+
+
+def fading(last: Numbers | None, now: float) -> bool:
+    """An update whose subject has lost more than half of its slowdown since the last report:
+    the condition is fading out (recovered frames awaiting hysteresis), not a new level."""
+    if last is None or not np.isfinite(last[1]) or last[1] <= 1.0:
+        return False
+    return not np.isfinite(now) or now - 1.0 < 0.5 * (last[1] - 1.0)
+
+
+def hang_finding(
+    status: FindingStatus, info: OpenCondition, found: HangFinding | None, now_ns: int,
+    has_steps: bool,
+) -> Finding:  # fmt: skip
+    """What a hang says (``found``: the detector's finding; None: it resolved, collectives
+    progress again), as of ``now_ns``."""
+    reason = found.reason if found else "collectives progress again"
+    evidence: dict[str, Any] = dict(found.evidence) if found else {}
+    evidence.update(
+        {
+            "detector": "hang",
+            "method": "blocked collectives past an adaptive timeout, dependency analysis",
+        }
+    )
+    return Finding(
+        kind=IncidentKind.HANG,
+        status=status,
+        subject=Subject.job(),
+        slots=info.slots,
+        hosts=info.hosts,
+        onset_index=None,
+        onset_ns=info.onset_ns,
+        detected_index=None,
+        detected_ns=info.detected_ns if status is FindingStatus.OPENED else now_ns,
+        slowdown=None,
+        subject_slowdown=None,
+        confidence=0.99 if info.slots else 0.6,
+        reason=reason,
+        evidence=evidence,
+        has_steps=has_steps,
+        severity=severity_of(IncidentKind.HANG, None),
+    )

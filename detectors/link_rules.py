@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from failslow.detectors.findings import OpenCondition
 from failslow.detectors.link import LinkScores, explained
 from failslow.detectors.localise import LinkSuspect, crossing
-from failslow.detectors.report import OpenCondition
 from failslow.detectors.straggler import FrameScores
 from failslow.detectors.types import JobShape
 from failslow.detectors.vocab import COMPUTE_KINDS, IncidentKind, Subject, SubjectKind

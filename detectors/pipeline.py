@@ -13,11 +13,10 @@ import numpy as np
 
 from failslow.detectors.conditions import Conditions, Key
 from failslow.detectors.defaults import DEFAULTS
-from failslow.detectors.findings import Finding
+from failslow.detectors.findings import Finding, OpenCondition
 from failslow.detectors.hang import HangDetector, HangSnapshot
 from failslow.detectors.history import FrameHistory
 from failslow.detectors.link import LinkDetector, LinkScores
-from failslow.detectors.report import OpenCondition
 from failslow.detectors.straggler import FrameScores, PeerLatenessDetector, node_scores
 from failslow.detectors.types import Frame, JobShape
 from failslow.detectors.vocab import IncidentKind, Subject

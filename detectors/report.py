@@ -3,14 +3,18 @@ reason in words, computed from the history of an open condition."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from failslow.detectors.defaults import DEFAULTS
-from failslow.detectors.findings import Finding, rounded, severity_of
-from failslow.detectors.hang import HangFinding, HangSnapshot
+from failslow.detectors.findings import (
+    Finding,
+    OpenCondition,
+    fading,
+    rounded,
+    severity_of,
+)
 from failslow.detectors.history import FrameHistory, median
 from failslow.detectors.hosts import host_outliers
 from failslow.detectors.impact import critical_path, impact
@@ -23,37 +27,6 @@ from failslow.detectors.vocab import FindingStatus, IncidentKind, Subject
 
 BEFORE = 20  # frames before an onset whose step times bound what the condition costs
 CONTAMINATED = 1.1  # a healthy level this far above the rank's fastest recent block is not one
-
-# the numbers of a report: (job slowdown, subject slowdown, confidence, reason, evidence)
-Numbers = tuple[float, float, float, str, dict[str, Any]]
-
-
-@dataclass(slots=True)
-class OpenCondition:
-    """A condition from its opening until it resolves."""
-
-    kind: IncidentKind
-    onset_pos: int  # absolute frame counter of the onset
-    onset_index: int
-    onset_ns: int
-    detected_index: int
-    detected_ns: int
-    slots: tuple[int, ...] = ()
-    hosts: tuple[str, ...] = ()
-    extra: dict[str, Any] = field(default_factory=dict)
-    redate_at: int = -1  # frame counter at which to re-date the onset with more data
-    # the numbers of the last report while open: a resolution reports what the fault was, not
-    # the recovered frames it is decided on
-    last: Numbers | None = None
-
-
-def fading(last: Numbers | None, now: float) -> bool:
-    """An update whose subject has lost more than half of its slowdown since the last report:
-    the condition is fading out (recovered frames awaiting hysteresis), not a new level."""
-    if last is None or not np.isfinite(last[1]) or last[1] <= 1.0:
-        return False
-    return not np.isfinite(now) or now - 1.0 < 0.5 * (last[1] - 1.0)
-
 
 class Reporter:
     """Turns open conditions into findings. Reads the history; changes nothing but the
@@ -368,41 +341,6 @@ class Reporter:
             return False
         host = int(shape.host_of_slot[slot])
         return host >= 0 and shape.networked(host)
-
-    # -- hangs ---------------------------------------------------------------------------------
-    def hang_finding(
-        self,
-        status: FindingStatus,
-        info: OpenCondition,
-        found: HangFinding | None,
-        snap: HangSnapshot,
-    ) -> Finding:
-        reason = found.reason if found else "collectives progress again"
-        evidence: dict[str, Any] = dict(found.evidence) if found else {}
-        evidence.update(
-            {
-                "detector": "hang",
-                "method": "blocked collectives past an adaptive timeout, dependency analysis",
-            }
-        )
-        return Finding(
-            kind=IncidentKind.HANG,
-            status=status,
-            subject=Subject.job(),
-            slots=info.slots,
-            hosts=info.hosts,
-            onset_index=None,
-            onset_ns=info.onset_ns,
-            detected_index=None,
-            detected_ns=info.detected_ns if status is FindingStatus.OPENED else snap.now_ns,
-            slowdown=None,
-            subject_slowdown=None,
-            confidence=0.99 if info.slots else 0.6,
-            reason=reason,
-            evidence=evidence,
-            has_steps=self.history.has_steps,
-            severity=severity_of(IncidentKind.HANG, None),
-        )
 
     # -- hosts ---------------------------------------------------------------------------------
     def host_outliers(self, hosts: tuple[str, ...]) -> dict[str, Any]:
