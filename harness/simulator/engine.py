@@ -18,6 +18,7 @@ import numpy as np
 from failslow.harness.simulator.faults import Fault, FaultKind
 from failslow.harness.simulator.layout import CommSpec, Layout
 from failslow.harness.simulator.model import Costs, Network, Noise, PlanState, Workload
+from failslow.harness.simulator.program import step_program
 
 
 @dataclass(slots=True)
@@ -194,69 +195,6 @@ class Simulation(Costs):
         self.restarts.append((t, resume))
         return resume
 
-    # -- programs ------------------------------------------------------------------------------
-    def _program(self, rank: int, step: int = 0) -> list[tuple[Any, ...]]:
-        lay, w = self.layout, self.work
-        t, d, stage = lay.coords(rank)
-        plan = self.plan_at(step)
-        names = dict(plan.comm_names)
-        tp_comm = lay.tp_comm(rank)
-        tp_comm = names.get(tp_comm, tp_comm) if tp_comm else None
-        mbs = plan.shares[d] if plan.shares is not None else w.microbatches
-        ops: list[tuple[Any, ...]] = []
-        ep_comm = lay.ep_comm(rank)
-
-        def chunk(seconds: float) -> None:
-            for _ in range(w.tp_per_chunk):
-                ops.append(("compute", seconds))
-                if tp_comm:
-                    ops.append(("coll", tp_comm, "allreduce", w.tp_bytes))
-            if ep_comm:  # MoE: tokens to and from the experts
-                ops.append(("coll", ep_comm, "alltoall", w.tp_bytes))
-
-        for _ in range(mbs):
-            if stage > 0:
-                ops.append(
-                    (
-                        "p2p",
-                        lay.pp_comm(rank, stage - 1),
-                        "recv",
-                        w.pp_bytes,
-                        lay.rank(t, d, stage - 1),
-                    )
-                )
-            chunk(w.fwd_s)
-            if stage < lay.pp - 1:
-                ops.append(
-                    ("p2p", lay.pp_comm(rank, stage), "send", w.pp_bytes, lay.rank(t, d, stage + 1))
-                )
-        for _ in range(mbs):
-            if stage < lay.pp - 1:
-                ops.append(
-                    ("p2p", lay.pp_comm(rank, stage), "recv", w.pp_bytes, lay.rank(t, d, stage + 1))
-                )
-            chunk(w.bwd_s)
-            if stage > 0:
-                ops.append(
-                    (
-                        "p2p",
-                        lay.pp_comm(rank, stage - 1),
-                        "send",
-                        w.pp_bytes,
-                        lay.rank(t, d, stage - 1),
-                    )
-                )
-        emb_comm = lay.embedding_comm(rank)
-        if emb_comm:  # the tied embedding's gradients, between the first and last stage
-            ops.append(("coll", emb_comm, "allreduce", w.pp_bytes))
-        dp_comm = lay.dp_comm(rank)
-        dp_comm = names.get(dp_comm, dp_comm) if dp_comm else None
-        if dp_comm:
-            for _ in range(w.dp_buckets):
-                ops.append(("coll", dp_comm, "allreduce", w.dp_bytes // w.dp_buckets))
-        ops.append(("compute", w.optimizer_s))
-        return ops
-
     def _next_step(self, r: _Rank, t: float) -> bool:
         """Start the rank's next step at time t; False when the run is over for it."""
         if r.restarting:
@@ -277,7 +215,7 @@ class Simulation(Costs):
                 self.fault_onset[i] = t
             if fault.end_step is not None and r.step == fault.end_step and i not in self.fault_end:
                 self.fault_end[i] = t
-        r.ops = self._program(r.rank, r.step)
+        r.ops = step_program(self.layout, self.work, self.plan_at(r.step), r.rank)
         if self.noise.work_spread:
             r.work = self._replica_work(r.rank, r.step)
         r.pc = 0
