@@ -147,3 +147,20 @@ def test_a_hang_delay_is_counted_in_the_jobs_step_times_before_it() -> None:
     hang.update(detected_step=None, detected_ns=onset + 3 * ns // 2)  # 1.5 s later
     scored = score_case(case, labels, [hang])
     assert scored.localized and scored.delay_s == 1.5 and scored.delay_steps == 3.0
+
+
+def test_the_other_layout_places_its_faults_where_it_says() -> None:
+    """bench/eval/layouts.py: stage s on node-(2s), node-(2s+1); the cables join adjacent
+    stages' hosts (pipeline sends cross them); every pair and single case, each seed."""
+    from bench.eval import layouts
+
+    lay = layouts.LAYOUT
+    assert lay.n_hosts == 8 and lay.world == 32
+    assert [lay.host(r) for r in (5, 22, 27)] == ["node-001", "node-005", "node-006"]
+    assert [lay.coords(r)[2] for r in (5, 22, 27)] == [0, 2, 3]
+    for pair in (layouts.FIRST["pair"], layouts.SECOND["pair"]):
+        a, b = (int(h[-3:]) for h in pair.hosts)
+        assert b // 2 == a // 2 + 1  # adjacent stages
+    cases = layouts.cases(2, plain=True)
+    assert len(cases) == 2 * (4 * 5 + 5) and len({c.name for c in cases}) == len(cases)
+    assert all(not c.scenario.vouch and c.scenario.batch_s == 0.5 for c in cases)
