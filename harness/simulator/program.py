@@ -30,38 +30,22 @@ def step_program(
         if ep_comm:  # MoE: tokens to and from the experts
             ops.append(("coll", ep_comm, "alltoall", w.tp_bytes))
 
-    for _ in range(mbs):
+    def p2p(op: str, other: int) -> None:  # with the same (tp, dp) rank of stage ``other``
+        comm = lay.pp_comm(rank, min(stage, other))
+        ops.append(("p2p", comm, op, w.pp_bytes, lay.rank(t, d, other)))
+
+    for _ in range(mbs):  # forward: activations in from the stage before, out to the next
         if stage > 0:
-            ops.append(
-                (
-                    "p2p",
-                    lay.pp_comm(rank, stage - 1),
-                    "recv",
-                    w.pp_bytes,
-                    lay.rank(t, d, stage - 1),
-                )
-            )
+            p2p("recv", stage - 1)
         chunk(w.fwd_s)
         if stage < lay.pp - 1:
-            ops.append(
-                ("p2p", lay.pp_comm(rank, stage), "send", w.pp_bytes, lay.rank(t, d, stage + 1))
-            )
-    for _ in range(mbs):
+            p2p("send", stage + 1)
+    for _ in range(mbs):  # backward: gradients in from the next stage, out to the one before
         if stage < lay.pp - 1:
-            ops.append(
-                ("p2p", lay.pp_comm(rank, stage), "recv", w.pp_bytes, lay.rank(t, d, stage + 1))
-            )
+            p2p("recv", stage + 1)
         chunk(w.bwd_s)
         if stage > 0:
-            ops.append(
-                (
-                    "p2p",
-                    lay.pp_comm(rank, stage - 1),
-                    "send",
-                    w.pp_bytes,
-                    lay.rank(t, d, stage - 1),
-                )
-            )
+            p2p("send", stage - 1)
     emb_comm = lay.embedding_comm(rank)
     if emb_comm:  # the tied embedding's gradients, between the first and last stage
         ops.append(("coll", emb_comm, "allreduce", w.pp_bytes))
