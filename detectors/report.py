@@ -28,6 +28,7 @@ from failslow.detectors.vocab import FindingStatus, IncidentKind, Subject
 BEFORE = 20  # frames before an onset whose step times bound what the condition costs
 CONTAMINATED = 1.1  # a healthy level this far above the rank's fastest recent block is not one
 
+
 class Reporter:
     """Turns open conditions into findings. Reads the history; changes nothing but the
     conditions' remembered numbers."""
