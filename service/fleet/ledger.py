@@ -49,7 +49,14 @@ from failslow.service.fleet.models import (
 )
 from failslow.service.fleet.qualifications import Qualifier
 from failslow.service.fleet.qualify import Norms
-from failslow.service.fleet.rows import ensure_part, new_part, prune_readings, rows
+from failslow.service.fleet.rows import (
+    ensure_part,
+    new_part,
+    prune_readings,
+    reading_of,
+    rows,
+    store_reading,
+)
 from failslow.service.fleet.settings import FleetSettings
 from failslow.service.incidents.models import Incident, IncidentResolution, IncidentState
 from failslow.service.incidents.service import resolution_of
@@ -207,10 +214,7 @@ class FleetLedger:
                     if row.jobs_total > self.settings.max_jobs_per_part or not count_job:
                         crowded.append(part.part_id)  # (runs are not jobs: count the rows)
                 else:
-                    m = merge(JobReading(old.n, old.mean, old.var, old.observed_s, old.lost_s),
-                              reading)  # fmt: skip
-                    old.n, old.mean, old.var, old.observed_s = m.n, m.mean, m.var, m.observed_s
-                    old.lost_s = m.lost_s
+                    store_reading(old, merge(reading_of(old), reading))
                     old.last_ns = max(old.last_ns, now_ns)
                 touched[part.part_id] = touched.get(part.part_id, 0.0) + reading.observed_s
         s.flush()

@@ -41,6 +41,16 @@ def ensure_part(s: Session, part: Part, now_ns: int) -> FleetPart:
     return row
 
 
+def reading_of(r: FleetReading) -> JobReading:
+    """A stored reading as the fleet model takes it."""
+    return JobReading(r.n, r.mean, r.var, r.observed_s, r.lost_s)
+
+
+def store_reading(r: FleetReading, m: JobReading) -> None:
+    """Write ``m``'s numbers into the stored reading ``r``."""
+    r.n, r.mean, r.var, r.observed_s, r.lost_s = m.n, m.mean, m.var, m.observed_s, m.lost_s
+
+
 def prune_readings(s: Session, part_id: str, keep: int) -> None:
     """At most ``keep`` readings per part: the oldest pooled into its archive row."""
     rows = list(s.scalars(select(FleetReading).where(FleetReading.part_id == part_id)
@@ -49,10 +59,9 @@ def prune_readings(s: Session, part_id: str, keep: int) -> None:
         return
     archive = next((r for r in rows if r.job_id == ARCHIVE), None)
     old = [r for r in rows if r.job_id != ARCHIVE][: len(rows) - keep + (archive is None)]
-    acc = JobReading(archive.n, archive.mean, archive.var, archive.observed_s, archive.lost_s) \
-        if archive else JobReading(0, 0.0, 0.0, 0.0)  # fmt: skip
+    acc = reading_of(archive) if archive else JobReading(0, 0.0, 0.0, 0.0)
     for r in old:
-        acc = merge(acc, JobReading(r.n, r.mean, r.var, r.observed_s, r.lost_s))
+        acc = merge(acc, reading_of(r))
         s.delete(r)
     if archive is None:
         archive = FleetReading(
@@ -67,10 +76,8 @@ def prune_readings(s: Session, part_id: str, keep: int) -> None:
             lost_s=0.0,
         )
         s.add(archive)
-    archive.n, archive.mean, archive.var, archive.observed_s = acc.n, acc.mean, acc.var, \
-        acc.observed_s  # fmt: skip
-    archive.lost_s = acc.lost_s
+    store_reading(archive, acc)
     archive.last_ns = max(archive.last_ns, old[-1].last_ns)
 
 
-__all__ = ["ensure_part", "new_part", "prune_readings", "rows"]
+__all__ = ["ensure_part", "new_part", "prune_readings", "reading_of", "rows", "store_reading"]
